@@ -1,0 +1,27 @@
+"""celery-funnel: a shared Redis funnel (GCRA leaky bucket) for Celery tasks.
+
+The core: ``Rate`` parses limits, a ``Funnel`` backend (``RedisFunnel`` or
+``MemoryFunnel``) takes units atomically and answers with a ``Decision`` (``throttle``
+and the window strategies) or a ``Reservation`` (``reserve``).
+"""
+
+from ._decision import Decision, Reservation
+from ._errors import BackendError, ConfigurationError, FunnelError
+from ._rate import Rate
+from .backends.base import Funnel
+from .backends.memory import MemoryFunnel
+from .backends.redis import RedisFunnel
+
+__all__ = [
+    "BackendError",
+    "ConfigurationError",
+    "Decision",
+    "Funnel",
+    "FunnelError",
+    "MemoryFunnel",
+    "Rate",
+    "RedisFunnel",
+    "Reservation",
+]
+
+__version__ = "0.1.0"

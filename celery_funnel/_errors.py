@@ -1,0 +1,28 @@
+"""The exception hierarchy: one root, every class picklable.
+
+Celery moves exceptions between processes (pool children, result backends), so each
+class keeps its whole state in ``args`` and unpickles through ``__init__(*args)``.
+"""
+
+from __future__ import annotations
+
+__all__ = ["BackendError", "ConfigurationError", "FunnelError"]
+
+
+class FunnelError(Exception):
+    """Root of every error raised by celery-funnel."""
+
+
+class ConfigurationError(FunnelError, ValueError):
+    """A rate, limit, option or setting has a value that cannot work.
+
+    The message names the setting or argument and the value it had.
+    """
+
+
+class BackendError(FunnelError):
+    """The funnel's store (Redis) failed or could not be reached.
+
+    Raised ``from`` the underlying client error, which stays available as
+    ``__cause__`` in the raising process.
+    """

@@ -1,0 +1,50 @@
+"""Lua scripts shipped as package files, each paired with its Python twin.
+
+A ``Script`` is loaded once per process (``importlib.resources``); the Redis backend
+runs its source with EVALSHA, the memory backend runs its twin against a ``MemoryStore``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import TYPE_CHECKING, Union
+
+if TYPE_CHECKING:
+    from .backends.memstore import MemoryStore
+
+Arg = Union[int, str]
+Reply = list[int]
+Twin = Callable[["MemoryStore", Sequence[str], Sequence[Arg]], Reply]
+
+
+@dataclass(frozen=True)
+class Script:
+    """One Lua script: its name, source text, SHA1 and Python twin."""
+
+    name: str
+    source: str
+    sha: str
+    twin: Twin = field(repr=False, compare=False)
+
+    @classmethod
+    def load(cls, name: str, twin: Twin) -> Script:
+        """Read ``celery_funnel/lua/<name>.lua`` from the installed package."""
+        source = resources.files("celery_funnel").joinpath("lua", f"{name}.lua").read_text("utf-8")
+        return cls(name, source, hashlib.sha1(source.encode("utf-8")).hexdigest(), twin)
+
+
+Eval = Callable[[Script, Sequence[str], Sequence[Arg]], Reply]
+"""How a strategy runs a script: ``eval(script, keys, args) -> reply``."""
+
+
+def clock_arg(now_us: int | None) -> Arg:
+    """The ``now`` argument of every script: microseconds, or "" for the server's TIME."""
+    return "" if now_us is None else now_us
+
+
+def parse_now(arg: Arg, store: MemoryStore) -> int:
+    """Twin side of ``clock_arg``: the given microseconds, else the store's clock."""
+    return store.time_us() if arg == "" else int(arg)

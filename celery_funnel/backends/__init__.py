@@ -1,0 +1,1 @@
+"""Where funnels live: ``RedisFunnel`` (Lua scripts) and ``MemoryFunnel`` (Python twins)."""

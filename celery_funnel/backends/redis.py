@@ -1,0 +1,71 @@
+"""``RedisFunnel``: funnels in Redis, one EVALSHA per decision."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+from redis.exceptions import NoScriptError, RedisError
+
+from .._errors import BackendError, ConfigurationError
+from .._keys import companion_key
+from .._scripts import Arg, Reply, Script
+from ..strategies.sliding_window import MAX_WINDOWS
+from .base import Funnel
+
+# A dead Redis must cost a caller a short wait, never a hang.
+DEFAULT_TIMEOUT_SECONDS = 2.0
+
+
+class RedisFunnel(Funnel):
+    """Funnels kept in Redis (>= 5): standalone, Redis Cluster or a Sentinel master.
+
+    Every decision is one EVALSHA of a script loaded once; after a ``SCRIPT FLUSH`` or
+    a failover the script is loaded again and the call retried (NOSCRIPT). The Redis
+    server's ``TIME`` is the clock of every decision, so workers with skewed clocks
+    share one timeline.
+
+    Args:
+        client: a redis-py ``Redis``, ``RedisCluster`` or Sentinel master client.
+    """
+
+    def __init__(self, client: Any) -> None:
+        if not hasattr(client, "execute_command"):
+            raise ConfigurationError(f"RedisFunnel needs a redis-py client, got {client!r}")
+        self.client = client
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> RedisFunnel:
+        """A ``RedisFunnel`` on a new client for ``url`` (``redis://``, ``rediss://``,
+        ``unix://``). Socket timeouts default to 2 seconds; ``options`` go to
+        ``redis.Redis.from_url``.
+
+        Raises:
+            ConfigurationError: when the URL cannot be parsed.
+        """
+        options.setdefault("socket_timeout", DEFAULT_TIMEOUT_SECONDS)
+        options.setdefault("socket_connect_timeout", DEFAULT_TIMEOUT_SECONDS)
+        try:
+            client = redis.Redis.from_url(url, **options)
+        except ValueError as exc:
+            raise ConfigurationError(f"invalid Redis URL {url!r}: {exc}") from exc
+        return cls(client)
+
+    def _eval(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
+        try:
+            try:
+                reply = self.client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                self.client.script_load(script.source)
+                reply = self.client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        except RedisError as exc:
+            raise BackendError(f"Redis failed running {script.name}.lua: {exc}") from exc
+        return list(reply)
+
+    def reset(self, key: str) -> None:
+        ring = [companion_key(key, str(i)) for i in range(MAX_WINDOWS)]
+        try:
+            self.client.delete(key, companion_key(key, "tickets"), *ring)
+        except RedisError as exc:
+            raise BackendError(f"Redis failed deleting {key!r}: {exc}") from exc

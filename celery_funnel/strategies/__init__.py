@@ -1,0 +1,2 @@
+"""The limiting algorithms, one module each: argument building, reply parsing and the
+Python twin of the module's Lua script."""

@@ -1,0 +1,45 @@
+"""Sliding log: every admitted unit is logged with its time; at most ``limit`` in any
+``period``. Exact at every instant, at the price of memory proportional to the limit:
+fits small limits on long periods (logins per hour), not a million per minute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .._decision import Decision
+from .._scripts import Arg, Eval, Reply, Script, clock_arg, parse_now
+from ..backends.memstore import MemoryStore
+from . import _window
+from ._common import check_int, check_key, now_us, period_us
+
+
+def _twin(store: MemoryStore, keys: Sequence[str], argv: Sequence[Arg]) -> Reply:
+    limit, period, quantity = int(argv[0]), int(argv[1]), int(argv[2])
+    now = parse_now(argv[3], store)
+    key = keys[0]
+    store.zremrangebyscore(key, now - period)
+    used = store.zcard(key)
+    if 0 < quantity and used + quantity <= limit:
+        seq = store.zcount(key, now, now)
+        store.zadd(key, {f"{now}:{seq + i}": now for i in range(1, quantity + 1)})
+        store.pexpire(key, -(-period // 1000))
+        return [quantity, used + quantity, -1, period]
+    scores = store.zscores(key)
+    retry_after = -1
+    if 0 < quantity <= limit:
+        retry_after = scores[used + quantity - limit - 1] + period - now
+    return [0, used, retry_after, scores[-1] + period - now if used else 0]
+
+
+SCRIPT = Script.load("sliding_log", _twin)
+
+
+def sliding_log(
+    run: Eval, key: str, limit: int, period: float, quantity: int, now: float | None
+) -> Decision:
+    """One sliding-log decision through ``run``; see ``Funnel.sliding_log``."""
+    check_key(key)
+    check_int("quantity", quantity, 0)
+    limit, span = period_us(limit, period)
+    return _window.decision(limit, quantity, run(SCRIPT, (key,), (limit, span, quantity, clock_arg(now_us(now)))))

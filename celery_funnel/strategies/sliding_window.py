@@ -1,0 +1,78 @@
+"""Sliding window of N sub-window counters (seed 004): smoother than one fixed window,
+constant memory (N small counters), and exact to one sub-window.
+
+The counters are N keys that share one ``{hash tag}``, so one script can read them all
+on Redis Cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .._decision import Decision
+from .._errors import ConfigurationError
+from .._keys import companion_key
+from .._scripts import Arg, Eval, Reply, Script, clock_arg, parse_now
+from ..backends.memstore import MemoryStore
+from . import _window
+from ._common import check_int, check_key, now_us, period_us
+
+MAX_WINDOWS = 100
+
+
+def _twin(store: MemoryStore, keys: Sequence[str], argv: Sequence[Arg]) -> Reply:
+    limit, sub, quantity = int(argv[0]), int(argv[1]), int(argv[2])
+    now = parse_now(argv[3], store)
+    n = len(keys)
+    current = now // sub
+    live = [0] * n  # live[k]: sub-window current - n + 1 + k, oldest first
+    for value in store.mget(keys):
+        if value is not None:
+            index, units = (int(part) for part in value.split(":"))
+            if current - n < index <= current:
+                live[index - current + n - 1] = units
+    used = sum(live)
+    granted = _window.grant(quantity, limit - used, str(argv[4]) == "1")
+    if granted > 0:
+        live[-1] += granted
+        used += granted
+        store.set_px(keys[current % n], f"{current}:{live[-1]}", -(-((current + n) * sub - now) // 1000))
+    retry_after, rest = -1, quantity - granted
+    if 0 < rest <= limit:
+        need, freed = used + rest - limit, 0
+        for k, units in enumerate(live, start=1):
+            freed += units
+            if freed >= need:
+                retry_after = (current + k) * sub - now
+                break
+    busy = [k for k, units in enumerate(live, start=1) if units > 0]
+    return [granted, used, retry_after, (current + busy[-1]) * sub - now if busy else 0]
+
+
+SCRIPT = Script.load("sliding_window", _twin)
+
+
+def ring_keys(key: str, windows: int) -> list[str]:
+    """The ``windows`` counter keys of ``key``, all in ``key``'s hash slot."""
+    return [companion_key(key, str(i)) for i in range(windows)]
+
+
+def sliding_window(
+    run: Eval,
+    key: str,
+    limit: int,
+    period: float,
+    quantity: int,
+    windows: int,
+    partial: bool,
+    now: float | None,
+) -> Decision:
+    """One sliding-window decision through ``run``; see ``Funnel.sliding_window``."""
+    check_key(key)
+    check_int("quantity", quantity, 0)
+    if check_int("windows", windows, 1) > MAX_WINDOWS:
+        raise ConfigurationError(f"windows must be at most {MAX_WINDOWS}, got {windows!r}")
+    limit, span = period_us(limit, period)
+    sub = -(-span // windows)  # rounded up: the window may be longer, never shorter
+    args: list[Arg] = [limit, sub, quantity, clock_arg(now_us(now)), "1" if partial else "0"]
+    return _window.decision(limit, quantity, run(SCRIPT, ring_keys(key, windows), args))

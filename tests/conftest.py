@@ -1,0 +1,104 @@
+"""Fixtures: private redis-server processes (one per binary found), and funnels over
+every backend so that one table checks the Lua scripts and their Python twins alike.
+
+``REDIS_URL`` replaces the private servers with an existing one (its keys are left
+alone: every test uses keys of its own).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from celery_funnel import Funnel, MemoryFunnel, RedisFunnel
+from celery_funnel._embedded import RedisServer, find_redis_servers
+
+
+def _server_ids() -> dict[str, str | None]:
+    """Backend id -> redis-server binary (None: REDIS_URL)."""
+    if os.environ.get("REDIS_URL"):
+        return {"redis-url": None}
+    ids: dict[str, str | None] = {}
+    for binary in find_redis_servers():
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout
+        version = next((w[2:] for w in out.split() if w.startswith("v=")), binary)
+        ids.setdefault(f"redis-{version}", binary)
+    return ids
+
+
+SERVERS = _server_ids()
+
+
+class ServerPool:
+    """Starts each private server on first use, stops them all at the end."""
+
+    def __init__(self) -> None:
+        self.running: dict[str, RedisServer] = {}
+
+    def url(self, server_id: str) -> str:
+        binary = SERVERS[server_id]
+        if binary is None:
+            return os.environ["REDIS_URL"]
+        if server_id not in self.running:
+            self.running[server_id] = RedisServer(binary).start()
+        return self.running[server_id].url
+
+    def stop(self) -> None:
+        for server in self.running.values():
+            server.stop()
+
+
+@pytest.fixture(scope="session")
+def server_pool() -> Iterator[ServerPool]:
+    pool = ServerPool()
+    yield pool
+    pool.stop()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend_id" in metafunc.fixturenames:
+        ids = ["memory", *SERVERS] if "funnel" in metafunc.fixturenames else list(SERVERS)
+        marks = {i: [] if i == "memory" else [pytest.mark.redis] for i in ids}
+        metafunc.parametrize(
+            "backend_id", [pytest.param(i, id=i, marks=marks[i]) for i in ids], indirect=True
+        )
+
+
+@pytest.fixture
+def backend_id(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def redis_url(backend_id: str, server_pool: ServerPool) -> str:
+    """A real Redis: each private server found, or REDIS_URL."""
+    return server_pool.url(backend_id)
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url, socket_timeout=5)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def funnel(backend_id: str, server_pool: ServerPool) -> Iterator[Funnel]:
+    """Every backend: the Python twins in memory, and the Lua scripts on each Redis."""
+    if backend_id == "memory":
+        yield MemoryFunnel()
+        return
+    backend = RedisFunnel.from_url(server_pool.url(backend_id), socket_timeout=5)
+    yield backend
+    backend.client.close()
+
+
+@pytest.fixture
+def key() -> str:
+    """A key no other test uses."""
+    return f"test:{uuid.uuid4().hex}"

@@ -1,0 +1,146 @@
+"""Decision tables shared by every backend: each step is (seconds after T0, method,
+arguments, expected answer). The expectations are worked out by hand from each
+algorithm's definition (GCRA's from redis-cell's own test table), never by the code.
+
+Decision rows are (limited, limit, remaining, retry_after, reset_after, granted);
+Reservation rows are (admitted, delay, booked, limit, reset_after).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+T0 = 1_700_000_000  # divisible by every window length below, so windows align on it
+
+Step = tuple[float, str, dict[str, Any], tuple[Any, ...]]
+
+
+def _throttle(max_burst: int, count: int, period: float, q: int) -> dict[str, Any]:
+    return {"max_burst": max_burst, "count": count, "period": period, "quantity": q}
+
+
+def _cell(q: int) -> dict[str, Any]:
+    return _throttle(4, 1, 1, q)  # redis-cell's it_rate_limits: limit 5, 1 per second
+
+
+GCRA_REDIS_CELL: list[Step] = [
+    (0, "throttle", _cell(6), (True, 5, 5, -1.0, 0.0, 0)),  # never fits
+    (0, "throttle", _cell(1), (False, 5, 4, -1.0, 1.0, 1)),
+    (0, "throttle", _cell(1), (False, 5, 3, -1.0, 2.0, 1)),
+    (0, "throttle", _cell(1), (False, 5, 2, -1.0, 3.0, 1)),
+    (0, "throttle", _cell(1), (False, 5, 1, -1.0, 4.0, 1)),
+    (0, "throttle", _cell(1), (False, 5, 0, -1.0, 5.0, 1)),
+    (0, "throttle", _cell(1), (True, 5, 0, 1.0, 5.0, 0)),
+    (3.0, "throttle", _cell(1), (False, 5, 2, -1.0, 3.0, 1)),
+    (3.1, "throttle", _cell(1), (False, 5, 1, -1.0, 3.9, 1)),
+    (4.0, "throttle", _cell(1), (False, 5, 1, -1.0, 4.0, 1)),
+    (8.0, "throttle", _cell(1), (False, 5, 4, -1.0, 1.0, 1)),
+    (9.5, "throttle", _cell(1), (False, 5, 4, -1.0, 1.0, 1)),
+    (9.5, "throttle", _cell(0), (False, 5, 4, -1.0, 1.0, 0)),  # peek
+    (9.5, "throttle", _cell(2), (False, 5, 2, -1.0, 3.0, 2)),
+    (9.5, "throttle", _cell(5), (True, 5, 2, 3.0, 3.0, 0)),
+]
+
+
+def _seed(q: int) -> dict[str, Any]:
+    return _throttle(15, 30, 60, q)  # "cl.throttle user123 15 30 60 q" of seed 002
+
+
+# The seed's transcript at exact times: T = 2 s, tau = 32 s, limit 16.
+GCRA_SEED_002: list[Step] = [
+    (0, "throttle", _seed(1), (False, 16, 15, -1.0, 2.0, 1)),
+    (2, "throttle", _seed(4), (False, 16, 12, -1.0, 8.0, 4)),
+    (4, "throttle", _seed(4), (False, 16, 9, -1.0, 14.0, 4)),
+    (6, "throttle", _seed(4), (False, 16, 6, -1.0, 20.0, 4)),
+    (7, "throttle", _seed(4), (False, 16, 2, -1.0, 27.0, 4)),
+    (8, "throttle", _seed(4), (True, 16, 3, 2.0, 26.0, 0)),
+    (10, "throttle", _seed(4), (False, 16, 0, -1.0, 32.0, 4)),
+    (10, "throttle", _seed(17), (True, 16, 0, -1.0, 32.0, 0)),  # above the limit
+    (100, "throttle", _seed(17), (True, 16, 16, -1.0, 0.0, 0)),  # idle again
+]
+
+
+def _fw(q: int, partial: bool = False, limit: int = 3) -> dict[str, Any]:
+    return {"limit": limit, "period": 10, "quantity": q, "partial": partial}
+
+
+FIXED_WINDOW: list[Step] = [
+    (0, "fixed_window", _fw(1), (False, 3, 2, -1.0, 10.0, 1)),
+    (1, "fixed_window", _fw(2), (False, 3, 0, -1.0, 9.0, 2)),
+    (2, "fixed_window", _fw(1), (True, 3, 0, 8.0, 8.0, 0)),
+    (2, "fixed_window", _fw(4), (True, 3, 0, -1.0, 8.0, 0)),  # above the limit
+    (10, "fixed_window", _fw(2), (False, 3, 1, -1.0, 10.0, 2)),  # next window
+]
+
+FIXED_WINDOW_PARTIAL: list[Step] = [
+    (0, "fixed_window", _fw(3, True, 5), (False, 5, 2, -1.0, 10.0, 3)),
+    (5, "fixed_window", _fw(4, True, 5), (True, 5, 0, 5.0, 5.0, 2)),  # 2 of 4 granted
+    (6, "fixed_window", _fw(0, True, 5), (False, 5, 0, -1.0, 4.0, 0)),  # peek
+    (6, "fixed_window", _fw(7, True, 5), (True, 5, 0, -1.0, 4.0, 0)),
+    (10, "fixed_window", _fw(7, True, 5), (True, 5, 0, 10.0, 10.0, 5)),  # rest 2 fits later
+]
+
+
+def _log(q: int) -> dict[str, Any]:
+    return {"limit": 3, "period": 10, "quantity": q}
+
+
+SLIDING_LOG: list[Step] = [
+    (0, "sliding_log", _log(1), (False, 3, 2, -1.0, 10.0, 1)),
+    (1, "sliding_log", _log(1), (False, 3, 1, -1.0, 10.0, 1)),
+    (2, "sliding_log", _log(1), (False, 3, 0, -1.0, 10.0, 1)),
+    (3, "sliding_log", _log(1), (True, 3, 0, 7.0, 9.0, 0)),  # the unit of t=0 leaves at 10
+    (9.5, "sliding_log", _log(2), (True, 3, 0, 1.5, 2.5, 0)),  # needs t=0 and t=1 gone
+    (10, "sliding_log", _log(1), (False, 3, 0, -1.0, 10.0, 1)),
+    (10, "sliding_log", _log(4), (True, 3, 0, -1.0, 10.0, 0)),  # above the limit
+    (10, "sliding_log", _log(0), (False, 3, 0, -1.0, 10.0, 0)),  # peek
+    (25, "sliding_log", _log(3), (False, 3, 0, -1.0, 10.0, 3)),  # 3 units, one microsecond
+    (25, "sliding_log", _log(0), (False, 3, 0, -1.0, 10.0, 0)),
+]
+
+
+def _sw(q: int, partial: bool = False) -> dict[str, Any]:
+    return {"limit": 4, "period": 10, "quantity": q, "windows": 5, "partial": partial}
+
+
+# Sub-windows of 2 s; c0 is the one starting at T0.
+SLIDING_WINDOW: list[Step] = [
+    (0, "sliding_window", _sw(2), (False, 4, 2, -1.0, 10.0, 2)),
+    (3, "sliding_window", _sw(1), (False, 4, 1, -1.0, 9.0, 1)),
+    (4, "sliding_window", _sw(2), (True, 4, 1, 6.0, 8.0, 0)),  # c0 leaves at 10
+    (4, "sliding_window", _sw(2, True), (True, 4, 0, 6.0, 10.0, 1)),  # 1 of 2 granted
+    (10, "sliding_window", _sw(2), (False, 4, 0, -1.0, 10.0, 2)),
+    (11.5, "sliding_window", _sw(1), (True, 4, 0, 0.5, 8.5, 0)),  # c0+1 leaves at 12
+    (12, "sliding_window", _sw(1), (False, 4, 0, -1.0, 10.0, 1)),
+    (12, "sliding_window", _sw(5), (True, 4, 0, -1.0, 10.0, 0)),  # above the limit
+]
+
+
+def _res(ticket: str = "", redeem: bool = False, q: int = 1, **extra: Any) -> dict[str, Any]:
+    args = _throttle(0, 10, 1, q)  # limit 1, T = 0.1 s
+    return {**args, "ticket": ticket or None, "redeem": redeem, **extra}
+
+
+RESERVATION: list[Step] = [
+    (0, "reserve", _res("a"), (True, 0.0, False, 1, 0.1)),
+    (0, "reserve", _res("b"), (False, 0.1, True, 1, 0.2)),
+    (0, "reserve", _res("c"), (False, 0.2, True, 1, 0.3)),
+    (0, "throttle", _throttle(0, 10, 1, 1), (True, 1, 0, 0.3, 0.3, 0)),  # sees the bookings
+    (0.04, "reserve", _res("b", True), (False, 0.06, True, 1, 0.26)),  # too early
+    (0.05, "reserve", _res("b", True), (True, 0.0, False, 1, 0.25)),  # redeemed
+    (0.05, "reserve", _res("b", True), (False, 0.25, True, 1, 0.35)),  # only once: rebooked
+    (0.5, "reserve", _res("c", True), (True, 0.0, False, 1, 0.1)),  # stale: rebooked, idle
+    (0.5, "reserve", _res("d", max_wait=0.05), (False, 0.1, False, 1, 0.1)),  # too far
+    (0.5, "reserve", _res("e", q=2), (False, -1.0, False, 1, 0.1)),  # never fits
+    (0.5, "reserve", _res("b", True), (False, 0.1, True, 1, 0.2)),  # stale, rebooked
+]
+
+TABLES: dict[str, list[Step]] = {
+    "gcra-redis-cell": GCRA_REDIS_CELL,
+    "gcra-seed-002": GCRA_SEED_002,
+    "fixed-window": FIXED_WINDOW,
+    "fixed-window-partial": FIXED_WINDOW_PARTIAL,
+    "sliding-log": SLIDING_LOG,
+    "sliding-window": SLIDING_WINDOW,
+    "reservation": RESERVATION,
+}
