@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = ["Decision", "Reservation"]
 
@@ -24,9 +24,10 @@ def _cell_seconds(seconds: float) -> int:
     return whole + (1 if part >= 1000 else 0)
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(NamedTuple):
     """The answer to one ``throttle`` call, with ``CL.THROTTLE``'s meaning.
+
+    An immutable named tuple (cheap to build on the hot path, picklable).
 
     Attributes:
         limited: the request was refused (nothing was taken from the funnel).
@@ -66,8 +67,7 @@ class Decision:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Reservation:
+class Reservation(NamedTuple):
     """The answer to one ``reserve`` call.
 
     Attributes:

@@ -102,3 +102,11 @@ def funnel(backend_id: str, server_pool: ServerPool) -> Iterator[Funnel]:
 def key() -> str:
     """A key no other test uses."""
     return f"test:{uuid.uuid4().hex}"
+
+
+@pytest.fixture
+def redis_funnel(redis_url: str) -> Iterator[RedisFunnel]:
+    """A RedisFunnel on each real Redis (no memory backend)."""
+    backend = RedisFunnel.from_url(redis_url, socket_timeout=5)
+    yield backend
+    backend.client.close()

@@ -135,6 +135,21 @@ RESERVATION: list[Step] = [
     (0.5, "reserve", _res("b", True), (False, 0.1, True, 1, 0.2)),  # stale, rebooked
 ]
 
+# The ticket window's edges: default early = min(slot width, 0.05 s) = 0.05 s, and
+# late = slot width = 0.1 s. A redeemed ticket leaves the TAT alone (reset_after from
+# the old TAT); a stale one books afresh (reset_after 0.1 when the funnel is idle).
+RESERVATION_EDGES: list[Step] = [
+    (0, "reserve", _res("a"), (True, 0.0, False, 1, 0.1)),
+    (0, "reserve", _res("b"), (False, 0.1, True, 1, 0.2)),
+    (0, "reserve", _res("c"), (False, 0.2, True, 1, 0.3)),
+    (0.049999, "reserve", _res("b", True), (False, 0.050001, True, 1, 0.250001)),
+    (0.05, "reserve", _res("b", True), (True, 0.0, False, 1, 0.25)),
+    (0.3, "reserve", _res("c", True), (True, 0.0, False, 1, 0.0)),  # slot + late: honoured
+    (0.3, "reserve", _res("d"), (True, 0.0, False, 1, 0.1)),
+    (0.3, "reserve", _res("e"), (False, 0.1, True, 1, 0.2)),
+    (0.500001, "reserve", _res("e", True), (True, 0.0, False, 1, 0.1)),  # stale: booked anew
+]
+
 TABLES: dict[str, list[Step]] = {
     "gcra-redis-cell": GCRA_REDIS_CELL,
     "gcra-seed-002": GCRA_SEED_002,
@@ -143,4 +158,5 @@ TABLES: dict[str, list[Step]] = {
     "sliding-log": SLIDING_LOG,
     "sliding-window": SLIDING_WINDOW,
     "reservation": RESERVATION,
+    "reservation-edges": RESERVATION_EDGES,
 }

@@ -61,7 +61,7 @@ class RedisFunnel(Funnel):
                 reply = self.client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
         except RedisError as exc:
             raise BackendError(f"Redis failed running {script.name}.lua: {exc}") from exc
-        return list(reply)
+        return reply if isinstance(reply, list) else [reply]
 
     def reset(self, key: str) -> None:
         ring = [companion_key(key, str(i)) for i in range(MAX_WINDOWS)]

@@ -1,46 +1,32 @@
 -- gcra.lua: one CL.THROTTLE decision (GCRA, the funnel / leaky bucket).
 --
 -- KEYS[1]  the funnel: a string holding its TAT (theoretical arrival time),
---          integer microseconds since the epoch. Expires when the funnel is idle.
--- ARGV[1]  emission interval T, integer microseconds per unit (>= 1)
+--          integer microseconds since the epoch; it expires when the funnel is idle
+-- ARGV[1]  increment = T * quantity, microseconds (T = emission interval; 0 peeks
+--          and writes nothing)
 -- ARGV[2]  tolerance tau = T * limit (limit = max_burst + 1), microseconds
--- ARGV[3]  quantity, units (>= 0; 0 peeks and writes nothing)
--- ARGV[4]  now in microseconds since the epoch, or "" to use the server's TIME
--- Reply    {limited (0|1), remaining (units), retry_after (us, -1 = none),
---           reset_after (us)}
--- Numbers stay below 2^53, so Lua's doubles hold every value exactly.
+-- ARGV[3]  now in microseconds since the epoch, or "" to use the server's TIME
+-- Reply    one integer r: r >= 0 admitted, and TAT - now = r (us) after the call;
+--          r < 0 refused, nothing written, and TAT - now = -r - 1 (us).
+--          The caller derives remaining and retry_after from it (strategies/gcra.py).
+-- Every value stays below 2^53, so Lua's doubles hold it exactly. The script does
+-- no more than the maths needs: each call here costs the server time per decision.
 
-local t = tonumber(ARGV[1])
-local tau = tonumber(ARGV[2])
-local quantity = tonumber(ARGV[3])
-local now = tonumber(ARGV[4])
+local now = tonumber(ARGV[3])
 if not now then
   local clock = redis.call('TIME')
   now = clock[1] * 1000000 + clock[2]
 end
-
 local tat = tonumber(redis.call('GET', KEYS[1])) or now
 if tat < now then
   tat = now
 end
-local increment = t * quantity
-local new_tat = tat + increment
-
-local limited, retry_after, ttl = 0, -1, new_tat - now
-if new_tat - tau > now then
-  limited = 1
-  ttl = tat - now
-  -- a quantity larger than the whole funnel can never fit: no retry time
-  if increment <= tau then
-    retry_after = new_tat - tau - now
-  end
-elseif quantity > 0 then
-  -- %.0f: tostring() would print 16-digit numbers in exponent form
-  redis.call('SET', KEYS[1], string.format('%.0f', new_tat), 'PX', math.ceil(ttl / 1000))
+local new_tat = tat + ARGV[1]
+if new_tat - ARGV[2] > now then
+  return now - tat - 1
 end
-
-local remaining = 0
-if tau > ttl then
-  remaining = math.floor((tau - ttl) / t)
+if ARGV[1] ~= '0' then
+  -- a number argument reaches Redis as its exact integer text ('%.17g' / fpconv)
+  redis.call('SET', KEYS[1], new_tat, 'PX', math.ceil((new_tat - now) / 1000))
 end
-return {limited, remaining, retry_after, ttl}
+return new_tat - now

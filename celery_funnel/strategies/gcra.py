@@ -3,38 +3,74 @@
 The funnel keeps one number per key, its TAT (theoretical arrival time). A request for
 ``q`` units moves the TAT ``q * T`` later, and is admitted when the moved TAT is at most
 ``tau = T * limit`` ahead of now. ``T`` is the emission interval (``period / count``,
-rounded up to the microsecond) and ``limit = max_burst + 1``.
+rounded up to the microsecond, so the rate is never exceeded) and
+``limit = max_burst + 1``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 from .._decision import Decision
+from .._errors import ConfigurationError
 from .._scripts import Arg, Eval, Reply, Script, clock_arg, parse_now
 from ..backends.memstore import MemoryStore
 from ._common import check_int, check_key, emission_us, now_us, seconds
 
+# TATs are epoch microseconds (~2^51 today) plus tau: keep Lua's doubles exact.
+MAX_TOLERANCE_US = 2**52
+
 
 def _twin(store: MemoryStore, keys: Sequence[str], argv: Sequence[Arg]) -> Reply:
-    t, tau, quantity = int(argv[0]), int(argv[1]), int(argv[2])
-    now = parse_now(argv[3], store)
+    increment, tau = int(argv[0]), int(argv[1])
+    now = parse_now(argv[2], store)
     stored = store.get(keys[0])
     tat = max(int(stored) if stored is not None else now, now)
-    increment = t * quantity
     new_tat = tat + increment
-    limited, retry_after, ttl = 0, -1, new_tat - now
     if new_tat - tau > now:
-        limited, ttl = 1, tat - now
-        if increment <= tau:
-            retry_after = new_tat - tau - now
-    elif quantity > 0:
-        store.set_px(keys[0], str(new_tat), -(-ttl // 1000))
-    remaining = (tau - ttl) // t if tau > ttl else 0
-    return [limited, remaining, retry_after, ttl]
+        return [now - tat - 1]
+    if increment:
+        store.set_px(keys[0], str(new_tat), -(-(new_tat - now) // 1000))
+    return [new_tat - now]
 
 
 SCRIPT = Script.load("gcra", _twin)
+
+
+@lru_cache(maxsize=1024)
+def funnel_shape(max_burst: int, count: int, period: float) -> tuple[int, int, int]:
+    """Validated ``(limit, T, tau)`` of a funnel, T and tau in microseconds."""
+    limit = check_int("max_burst", max_burst, 0) + 1
+    t = emission_us(count, period)
+    if t * limit > MAX_TOLERANCE_US:
+        raise ConfigurationError(
+            f"funnel too large: max_burst={max_burst!r} at {count!r}/{period!r}s spans"
+            f" more than {MAX_TOLERANCE_US // 10**6 // 86400 // 365} years"
+        )
+    return limit, t, t * limit
+
+
+def shape(max_burst: object, count: object, period: object) -> tuple[int, int, int]:
+    """``funnel_shape`` for any input: unhashable values are refused clearly too."""
+    try:
+        return funnel_shape(max_burst, count, period)  # type: ignore[arg-type]
+    except TypeError:
+        raise ConfigurationError(
+            f"max_burst, count and period must be numbers, got {max_burst!r}, {count!r}, {period!r}"
+        ) from None
+
+
+def decode(reply: int, limit: int, t: int, tau: int, quantity: int) -> Decision:
+    """The ``Decision`` that a ``gcra.lua`` reply stands for."""
+    if reply >= 0:
+        ttl, limited, retry_us = reply, False, -1
+    else:
+        ttl, limited = -reply - 1, True
+        increment = t * quantity
+        retry_us = ttl + increment - tau if increment <= tau else -1
+    remaining = (tau - ttl) // t if tau > ttl else 0
+    return Decision(limited, limit, remaining, seconds(retry_us), seconds(ttl), 0 if limited else quantity)
 
 
 def throttle(
@@ -42,13 +78,7 @@ def throttle(
 ) -> Decision:
     """One GCRA decision through ``run``; see ``Funnel.throttle``."""
     check_key(key)
-    limit = check_int("max_burst", max_burst, 0) + 1
     check_int("quantity", quantity, 0)
-    t = emission_us(count, period)
-    limited, remaining, retry_us, reset_us = run(
-        SCRIPT, (key,), (t, t * limit, quantity, clock_arg(now_us(now)))
-    )
-    return Decision(
-        bool(limited), limit, remaining, seconds(retry_us), seconds(reset_us),
-        0 if limited else quantity,
-    )
+    limit, t, tau = shape(max_burst, count, period)
+    (reply,) = run(SCRIPT, (key,), (t * quantity, tau, clock_arg(now_us(now))))
+    return decode(reply, limit, t, tau, quantity)

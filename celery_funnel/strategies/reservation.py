@@ -15,7 +15,8 @@ from .._decision import Reservation
 from .._errors import ConfigurationError
 from .._scripts import Arg, Eval, Reply, Script, clock_arg, parse_now
 from ..backends.memstore import MemoryStore
-from ._common import US, check_int, check_key, emission_us, now_us, seconds
+from ._common import US, check_int, check_key, now_us, seconds
+from .gcra import shape
 from .._keys import companion_key
 
 ADMITTED, BOOKED, TOO_FAR, NEVER = 0, 1, 2, 3
@@ -84,14 +85,13 @@ def reserve(
 ) -> Reservation:
     """One reservation through ``run``; see ``Funnel.reserve``."""
     check_key(key)
-    limit = check_int("max_burst", max_burst, 0) + 1
     check_int("quantity", quantity, 1)
     if redeem and not ticket:
         raise ConfigurationError("redeem=True needs a ticket")
-    t = emission_us(count, period)
+    limit, t, tau = shape(max_burst, count, period)
     slot_us = t * quantity
     args: list[Arg] = [
-        t, t * limit, quantity, clock_arg(now_us(now)), ticket or "", "1" if redeem else "0",
+        t, tau, quantity, clock_arg(now_us(now)), ticket or "", "1" if redeem else "0",
         _grace_us("early", early, min(slot_us, round(DEFAULT_EARLY_SECONDS * US))),
         _grace_us("late", late, slot_us),
         -1 if max_wait is None else _grace_us("max_wait", max_wait, -1),

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from celery_funnel import Funnel
@@ -15,7 +13,7 @@ def test_table(funnel: Funnel, key: str, table: str) -> None:
     steps: list[Step] = TABLES[table]
     for number, (offset, method, kwargs, expected) in enumerate(steps):
         answer = getattr(funnel, method)(key, **kwargs, now=T0 + offset)
-        got = dataclasses.astuple(answer)
+        got = tuple(answer)
         assert got == expected, f"{table} step {number}: {method}({kwargs}) at +{offset}s"
 
 
