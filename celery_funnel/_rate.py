@@ -45,7 +45,9 @@ class Rate:
                 f"rate period must be a positive number of seconds, got {self.period!r}"
             )
         if round(self.period * 1_000_000) < 1:
-            raise ConfigurationError(f"rate period must be at least 1 microsecond, got {self.period!r}")
+            raise ConfigurationError(
+                f"rate period must be at least 1 microsecond, got {self.period!r}"
+            )
         object.__setattr__(self, "period", float(self.period))
 
     @classmethod
@@ -79,4 +81,9 @@ class Rate:
         return self.count / self.period
 
     def __str__(self) -> str:
-        return f"{self.count}/{self.period:g}s"
+        """The shortest form ``parse`` reads back: ``"30/m"``, ``"5/2.5s"``."""
+        for unit, seconds in _UNITS.items():
+            if self.period == seconds:
+                return f"{self.count}/{unit}"
+        # microseconds are the maths' resolution; never an exponent
+        return f"{self.count}/{self.period:.6f}".rstrip("0").rstrip(".") + "s"

@@ -10,12 +10,12 @@ import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .backends.memstore import MemoryStore
 
-Arg = Union[int, str]
+Arg = int | str
 Reply = list[int]
 Twin = Callable[["MemoryStore", Sequence[str], Sequence[Arg]], Reply]
 
@@ -32,7 +32,12 @@ class Script:
     @classmethod
     def load(cls, name: str, twin: Twin) -> Script:
         """Read ``celery_funnel/lua/<name>.lua`` from the installed package."""
-        source = resources.files("celery_funnel").joinpath("lua", f"{name}.lua").read_text("utf-8")
+        source = (
+            resources.files("celery_funnel")
+            .joinpath("lua")
+            .joinpath(f"{name}.lua")
+            .read_text("utf-8")
+        )
         return cls(name, source, hashlib.sha1(source.encode("utf-8")).hexdigest(), twin)
 
 

@@ -8,7 +8,6 @@ alone: every test uses keys of its own).
 from __future__ import annotations
 
 import os
-import subprocess
 import uuid
 from collections.abc import Iterator
 
@@ -16,7 +15,7 @@ import pytest
 import redis
 
 from celery_funnel import Funnel, MemoryFunnel, RedisFunnel
-from celery_funnel._embedded import RedisServer, find_redis_servers
+from celery_funnel._embedded import RedisServer, find_redis_servers, server_version
 
 
 def _server_ids() -> dict[str, str | None]:
@@ -25,9 +24,7 @@ def _server_ids() -> dict[str, str | None]:
         return {"redis-url": None}
     ids: dict[str, str | None] = {}
     for binary in find_redis_servers():
-        out = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout
-        version = next((w[2:] for w in out.split() if w.startswith("v=")), binary)
-        ids.setdefault(f"redis-{version}", binary)
+        ids.setdefault(f"redis-{server_version(binary)}", binary)
     return ids
 
 

@@ -86,8 +86,18 @@ class Funnel(ABC):
         (seconds) refuses to book further ahead than that.
         """
         return reservation.reserve(
-            self._eval, key, max_burst, count, period, quantity,
-            ticket=ticket, redeem=redeem, max_wait=max_wait, early=early, late=late, now=now,
+            self._eval,
+            key,
+            max_burst,
+            count,
+            period,
+            quantity,
+            ticket=ticket,
+            redeem=redeem,
+            max_wait=max_wait,
+            early=early,
+            late=late,
+            now=now,
         )
 
     def fixed_window(

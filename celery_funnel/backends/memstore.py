@@ -9,10 +9,9 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Union
 
 Clock = Callable[[], float]
-_Value = Union[str, dict[str, str], dict[str, int]]
+_Value = str | dict[str, str] | dict[str, int]
 
 
 class MemoryStore:

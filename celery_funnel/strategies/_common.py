@@ -40,7 +40,12 @@ def now_us(now: float | None) -> int | None:
     """Caller's clock (float seconds) in integer microseconds; None = server clock."""
     if now is None:
         return None
-    if isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now) or now < 0:
+    if (
+        isinstance(now, bool)
+        or not isinstance(now, (int, float))
+        or not math.isfinite(now)
+        or now < 0
+    ):
         raise ConfigurationError(f"now must be a non-negative number of seconds, got {now!r}")
     return round(now * US)
 

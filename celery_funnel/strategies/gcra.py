@@ -54,7 +54,7 @@ def funnel_shape(max_burst: int, count: int, period: float) -> tuple[int, int, i
 def shape(max_burst: object, count: object, period: object) -> tuple[int, int, int]:
     """``funnel_shape`` for any input: unhashable values are refused clearly too."""
     try:
-        return funnel_shape(max_burst, count, period)  # type: ignore[arg-type]
+        return funnel_shape(max_burst, count, period)  # type: ignore[arg-type, unused-ignore]
     except TypeError:
         raise ConfigurationError(
             f"max_burst, count and period must be numbers, got {max_burst!r}, {count!r}, {period!r}"
@@ -70,7 +70,9 @@ def decode(reply: int, limit: int, t: int, tau: int, quantity: int) -> Decision:
         increment = t * quantity
         retry_us = ttl + increment - tau if increment <= tau else -1
     remaining = (tau - ttl) // t if tau > ttl else 0
-    return Decision(limited, limit, remaining, seconds(retry_us), seconds(ttl), 0 if limited else quantity)
+    return Decision(
+        limited, limit, remaining, seconds(retry_us), seconds(ttl), 0 if limited else quantity
+    )
 
 
 def throttle(

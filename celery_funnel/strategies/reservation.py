@@ -13,11 +13,11 @@ from collections.abc import Sequence
 
 from .._decision import Reservation
 from .._errors import ConfigurationError
+from .._keys import companion_key
 from .._scripts import Arg, Eval, Reply, Script, clock_arg, parse_now
 from ..backends.memstore import MemoryStore
 from ._common import US, check_int, check_key, now_us, seconds
 from .gcra import shape
-from .._keys import companion_key
 
 ADMITTED, BOOKED, TOO_FAR, NEVER = 0, 1, 2, 3
 # Early arrivals are honoured at most this soon before their slot by default:
@@ -91,7 +91,12 @@ def reserve(
     limit, t, tau = shape(max_burst, count, period)
     slot_us = t * quantity
     args: list[Arg] = [
-        t, tau, quantity, clock_arg(now_us(now)), ticket or "", "1" if redeem else "0",
+        t,
+        tau,
+        quantity,
+        clock_arg(now_us(now)),
+        ticket or "",
+        "1" if redeem else "0",
         _grace_us("early", early, min(slot_us, round(DEFAULT_EARLY_SECONDS * US))),
         _grace_us("late", late, slot_us),
         -1 if max_wait is None else _grace_us("max_wait", max_wait, -1),

@@ -20,7 +20,7 @@ def _twin(store: MemoryStore, keys: Sequence[str], argv: Sequence[Arg]) -> Reply
     key = keys[0]
     store.zremrangebyscore(key, now - period)
     used = store.zcard(key)
-    if 0 < quantity and used + quantity <= limit:
+    if quantity > 0 and used + quantity <= limit:
         seq = store.zcount(key, now, now)
         store.zadd(key, {f"{now}:{seq + i}": now for i in range(1, quantity + 1)})
         store.pexpire(key, -(-period // 1000))
@@ -42,4 +42,6 @@ def sliding_log(
     check_key(key)
     check_int("quantity", quantity, 0)
     limit, span = period_us(limit, period)
-    return _window.decision(limit, quantity, run(SCRIPT, (key,), (limit, span, quantity, clock_arg(now_us(now)))))
+    return _window.decision(
+        limit, quantity, run(SCRIPT, (key,), (limit, span, quantity, clock_arg(now_us(now))))
+    )

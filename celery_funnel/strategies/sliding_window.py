@@ -36,7 +36,9 @@ def _twin(store: MemoryStore, keys: Sequence[str], argv: Sequence[Arg]) -> Reply
     if granted > 0:
         live[-1] += granted
         used += granted
-        store.set_px(keys[current % n], f"{current}:{live[-1]}", -(-((current + n) * sub - now) // 1000))
+        store.set_px(
+            keys[current % n], f"{current}:{live[-1]}", -(-((current + n) * sub - now) // 1000)
+        )
     retry_after, rest = -1, quantity - granted
     if 0 < rest <= limit:
         need, freed = used + rest - limit, 0

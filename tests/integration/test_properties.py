@@ -141,19 +141,17 @@ def test_lua_scripts_and_python_twins_agree(
         retry_us = round(expected[3 if len(expected) == 6 else 1] * US)
 
 
-def water_level_reference(
-    capacity: int, count: int, period: float
-) -> Callable[[int, int], bool]:
+def water_level_reference(capacity: int, count: int, period: float) -> Callable[[int, int], bool]:
     """Seed 003's water-level bucket with exact fractions instead of floats and
     whole-second TIME: admit while water + quantity <= capacity."""
     rate = Fraction(count) / Fraction(round(period * US))  # units per microsecond
-    state = {"water": Fraction(0), "last": 0}
+    water, last = Fraction(0), 0
 
     def admit(now_us: int, quantity: int) -> bool:
-        state["water"] = max(Fraction(0), state["water"] - (now_us - state["last"]) * rate)
-        state["last"] = now_us
-        if state["water"] + quantity <= capacity:
-            state["water"] += quantity
+        nonlocal water, last
+        water, last = max(Fraction(0), water - (now_us - last) * rate), now_us
+        if water + quantity <= capacity:
+            water += quantity
             return True
         return False
 

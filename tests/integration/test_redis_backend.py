@@ -1,0 +1,77 @@
+"""What only a real Redis can show: key expiry, NOSCRIPT recovery, errors, the clock."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from celery_funnel import BackendError, ConfigurationError, RedisFunnel
+from celery_funnel._embedded import RedisServer
+
+pytestmark = pytest.mark.redis
+
+
+def _poll(predicate: object, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_funnel_key_expires_when_the_funnel_is_idle_again(
+    redis_funnel: RedisFunnel, redis_client: redis.Redis, key: str
+) -> None:
+    decision = redis_funnel.throttle(key, 1, 10, 1)  # server clock; 2 units of 0.1 s
+    ttl_ms = redis_client.pttl(key)
+    assert 0 < ttl_ms <= 100
+    assert decision.reset_after == pytest.approx(0.1, abs=1e-6)
+    assert _poll(lambda: not redis_client.exists(key))
+
+
+def test_script_is_reloaded_after_script_flush(
+    redis_funnel: RedisFunnel, redis_client: redis.Redis, key: str
+) -> None:
+    redis_funnel.throttle(key, 5, 1, 1)
+    redis_client.script_flush()
+    assert redis_funnel.throttle(key, 5, 1, 1).remaining == 4
+
+
+def test_server_time_is_the_clock(
+    redis_funnel: RedisFunnel, redis_client: redis.Redis, key: str
+) -> None:
+    """Without now=, TATs are the server's TIME, not this process's clock."""
+    redis_funnel.throttle(key, 0, 1, 60)
+    seconds, micros = redis_client.time()
+    tat_us = int(redis_client.get(key) or 0)
+    assert abs(tat_us - (seconds * 1_000_000 + micros + 60_000_000)) < 1_000_000
+
+
+def test_unreachable_redis_raises_backend_error_quickly() -> None:
+    with RedisServer() as server:
+        funnel = RedisFunnel.from_url(server.url, socket_timeout=0.5, socket_connect_timeout=0.5)
+        server.kill()
+        start = time.monotonic()
+        with pytest.raises(BackendError, match="gcra") as info:
+            funnel.throttle("k", 0, 1, 1)
+        assert isinstance(info.value.__cause__, redis.RedisError)
+        assert time.monotonic() - start < 5
+
+
+def test_bad_url() -> None:
+    with pytest.raises(ConfigurationError, match="ftp://x"):
+        RedisFunnel.from_url("ftp://x")
+
+
+def test_reset_removes_every_key_of_a_funnel(
+    redis_funnel: RedisFunnel, redis_client: redis.Redis, key: str
+) -> None:
+    redis_funnel.throttle(key, 0, 1, 3600)
+    redis_funnel.reserve(key, 0, 1, 3600, ticket="t")
+    redis_funnel.sliding_window(key, 1, 60, windows=3)
+    assert redis_client.keys(f"*{key}*")
+    redis_funnel.reset(key)
+    assert redis_client.keys(f"*{key}*") == []

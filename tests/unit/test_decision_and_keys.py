@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+import pickle
+
+import pytest
+from redis.crc import key_slot
+
+from celery_funnel import ConfigurationError, Decision, Funnel, MemoryFunnel, Reservation
+from celery_funnel._keys import companion_key, hash_tag
+from celery_funnel._scripts import Arg, Reply, Script
+
+
+@pytest.mark.parametrize(
+    ("retry_after", "reset_after", "cell"),
+    [
+        (-1.0, 0.0, (-1, 0)),
+        (1.0, 2.0, (1, 2)),
+        (0.001, 1.999, (1, 2)),  # a partial second of >= 1 ms counts as a second
+        (0.0009, 2.0005, (0, 2)),  # less than 1 ms does not (as redis-cell)
+        (2.5, 3.25, (3, 4)),
+    ],
+)
+def test_as_cell_rounds_partial_seconds_up(
+    retry_after: float, reset_after: float, cell: tuple[int, int]
+) -> None:
+    decision = Decision(True, 5, 0, retry_after, reset_after)
+    assert decision.as_cell() == (1, 5, 0, *cell)
+
+
+def test_answers_pickle() -> None:
+    for answer in (Decision(False, 3, 2, -1.0, 0.5, 1), Reservation(False, 0.2, True, 1, 0.3)):
+        assert pickle.loads(pickle.dumps(answer)) == answer
+
+
+@pytest.mark.parametrize("key", ["plain", "user:42", "a{b", "{tag}rest", "x{tag}y{other}", "日本"])
+def test_companion_keys_share_the_cluster_slot(key: str) -> None:
+    assert key_slot(companion_key(key, "tickets").encode()) == key_slot(key.encode())
+
+
+def test_no_companion_can_share_the_slot_of_a_key_with_a_stray_brace() -> None:
+    """Redis hashes "a{}b" whole, and no key holding it whole as a tag exists; the key
+    builder of the Celery layer never makes such keys."""
+    assert companion_key("a{}b", "tickets") == "a{}b:tickets"
+
+
+def test_hash_tag() -> None:
+    assert hash_tag("a{b}c") == "b"
+    assert hash_tag("a{}c") is None
+    assert hash_tag("abc") is None
+
+
+class _Unreachable(Funnel):
+    """A store that must never be reached."""
+
+    def _eval(self, script: Script, keys: object, args: list[Arg]) -> Reply:  # type: ignore[override]
+        raise AssertionError(f"{script.name} reached the store")
+
+    def reset(self, key: str) -> None:
+        raise AssertionError("reset reached the store")
+
+
+@pytest.mark.parametrize(
+    ("call", "named"),
+    [
+        (lambda f: f.throttle("k", 0, 0, 1), "count"),
+        (lambda f: f.throttle("k", 0, 1, 0), "period"),
+        (lambda f: f.throttle("k", -1, 1, 1), "max_burst"),
+        (lambda f: f.throttle("k", 0, 1, 1, -1), "quantity"),
+        (lambda f: f.throttle("", 0, 1, 1), "key"),
+        (lambda f: f.throttle("k", 0, [1], 1), "count"),
+        (lambda f: f.throttle("k", 0, 1, 1, now=float("nan")), "now"),
+        (lambda f: f.throttle("k", 10**12, 1, 3600), "too large"),
+        (lambda f: f.reserve("k", 0, 1, 1, 0), "quantity"),
+        (lambda f: f.reserve("k", 0, 1, 1, redeem=True), "ticket"),
+        (lambda f: f.reserve("k", 0, 1, 1, ticket="t", late=-1), "late"),
+        (lambda f: f.fixed_window("k", 0, 1), "count"),
+        (lambda f: f.sliding_log("k", 1, -5), "period"),
+        (lambda f: f.sliding_window("k", 1, 1, windows=0), "windows"),
+        (lambda f: f.sliding_window("k", 1, 1, windows=101), "windows"),
+    ],
+)
+def test_bad_arguments_fail_before_the_store(call: object, named: str) -> None:
+    with pytest.raises(ConfigurationError, match=named):
+        call(_Unreachable())  # type: ignore[operator]
+
+
+def test_memory_funnel_forgets_idle_funnels() -> None:
+    now = [1000.0]
+    funnel = MemoryFunnel(clock=lambda: now[0])
+    funnel.throttle("k", 1, 10, 1)
+    funnel.throttle("k", 1, 10, 1)
+    assert funnel.store.keys() == ["k"]
+    now[0] += 0.2  # both units leaked out: the funnel is idle
+    assert funnel.store.keys() == []
+
+
+def test_memory_funnel_reset() -> None:
+    funnel = MemoryFunnel()
+    funnel.throttle("k", 0, 1, 3600)
+    funnel.reserve("k", 0, 1, 3600, ticket="t")
+    funnel.sliding_window("k", 1, 60, windows=3)
+    funnel.reset("k")
+    assert funnel.store.keys() == []
