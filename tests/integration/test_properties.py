@@ -174,3 +174,46 @@ def test_seed_003_water_level_is_the_gcra_funnel(
         clock += gap
         decision = funnel.water_level(key, capacity, count, period, quantity, now=at(clock))
         assert decision.allowed == reference(clock, quantity)
+
+
+@PROPERTY
+@given(
+    arrivals=st.lists(st.integers(0, 300_000), min_size=1, max_size=25),
+    jitters=st.lists(st.integers(-60_000, 400_000), min_size=1, max_size=25),
+)
+def test_reservations_make_progress_and_never_burst(
+    funnel: Funnel, arrivals: list[int], jitters: list[int]
+) -> None:
+    """Callers book slots and come back early, on time or late (by the jitters); each
+    widens its late grace 2x whenever its ticket went stale, as the Celery layer does.
+    Every caller starts, and starts respect limit + (t + late + early) / T in every
+    interval t, late being the widest grace used."""
+    key, t, limit, early = uuid.uuid4().hex, 100_000, 2, 50_000  # 10/s, max_burst 1
+    pending: list[tuple[int, str, int]] = []  # (time, ticket, times stale; -1 = new)
+    clock = 0
+    for number, gap in enumerate(arrivals):
+        clock += gap
+        pending.append((clock, f"task-{number}", -1))
+    starts: list[int] = []
+    widest, turns = t, 0
+    while pending and turns < 500:
+        turns += 1
+        pending.sort()
+        when, ticket, stale = pending.pop(0)
+        late = t * 2 ** max(stale, 0)
+        answer = funnel.reserve(
+            key, limit - 1, 10, 1, ticket=ticket, redeem=stale >= 0, late=late / US, now=at(when)
+        )
+        if answer.admitted:
+            starts.append(when)
+            widest = max(widest, late)
+            continue
+        jitter = jitters[turns % len(jitters)]
+        back = when + max(round(answer.delay * US) + jitter, 0)
+        # back after slot + late (slot = when + delay): the ticket went stale
+        pending.append((back, ticket, 0 if stale < 0 else stale + (jitter > late)))
+    assert not pending, "every caller starts in the end"
+    starts.sort()
+    for i, first in enumerate(starts):
+        for j in range(i, len(starts)):
+            assert j - i + 1 <= limit + (starts[j] - first + widest + early) // t

@@ -1,0 +1,23 @@
+"""The ``celery-funnel`` command (also ``python -m celery_funnel``)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Parse ``argv`` and run the chosen command."""
+    parser = argparse.ArgumentParser(prog="celery-funnel", description="celery-funnel tools")
+    commands = parser.add_subparsers(dest="command", required=True)
+    demo = commands.add_parser("demo", help="workers sharing one funnel on a private Redis")
+    demo.add_argument("--rate", default="10/s", help="the funnel's rate (default 10/s)")
+    demo.add_argument("--capacity", type=int, default=5, help="burst capacity (default 5)")
+    demo.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
+    demo.add_argument("--seconds", type=float, default=6, help="how long (default 6)")
+    demo.add_argument("--redis", metavar="URL", help="use this Redis, not a private one")
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        from ._demo import run  # noqa: PLC0415 - keeps `--help` fast
+
+        run(args.rate, args.capacity, args.workers, args.seconds, args.redis)
