@@ -80,6 +80,8 @@ class Reservation(NamedTuple):
             the caller should come back after ``delay`` and redeem it.
         limit: ``max_burst + 1``.
         reset_after: seconds until the funnel is idle again, counting every booking.
+        stale: the redeemed ticket came after its window; it was dropped (and the
+            caller admitted or booked anew), so the caller should widen ``late``.
     """
 
     admitted: bool
@@ -87,6 +89,7 @@ class Reservation(NamedTuple):
     booked: bool
     limit: int
     reset_after: float
+    stale: bool = False
 
     @property
     def never(self) -> bool:

@@ -3,7 +3,7 @@ arguments, expected answer). The expectations are worked out by hand from each
 algorithm's definition (GCRA's from redis-cell's own test table), never by the code.
 
 Decision rows are (limited, limit, remaining, retry_after, reset_after, granted);
-Reservation rows are (admitted, delay, booked, limit, reset_after).
+Reservation rows are (admitted, delay, booked, limit, reset_after, stale).
 """
 
 from __future__ import annotations
@@ -122,32 +122,32 @@ def _res(ticket: str = "", redeem: bool = False, q: int = 1, **extra: Any) -> di
 
 
 RESERVATION: list[Step] = [
-    (0, "reserve", _res("a"), (True, 0.0, False, 1, 0.1)),
-    (0, "reserve", _res("b"), (False, 0.1, True, 1, 0.2)),
-    (0, "reserve", _res("c"), (False, 0.2, True, 1, 0.3)),
+    (0, "reserve", _res("a"), (True, 0.0, False, 1, 0.1, False)),
+    (0, "reserve", _res("b"), (False, 0.1, True, 1, 0.2, False)),
+    (0, "reserve", _res("c"), (False, 0.2, True, 1, 0.3, False)),
     (0, "throttle", _throttle(0, 10, 1, 1), (True, 1, 0, 0.3, 0.3, 0)),  # sees the bookings
-    (0.04, "reserve", _res("b", True), (False, 0.06, True, 1, 0.26)),  # too early
-    (0.05, "reserve", _res("b", True), (True, 0.0, False, 1, 0.25)),  # redeemed
-    (0.05, "reserve", _res("b", True), (False, 0.25, True, 1, 0.35)),  # only once: rebooked
-    (0.5, "reserve", _res("c", True), (True, 0.0, False, 1, 0.1)),  # stale: rebooked, idle
-    (0.5, "reserve", _res("d", max_wait=0.05), (False, 0.1, False, 1, 0.1)),  # too far
-    (0.5, "reserve", _res("e", q=2), (False, -1.0, False, 1, 0.1)),  # never fits
-    (0.5, "reserve", _res("b", True), (False, 0.1, True, 1, 0.2)),  # stale, rebooked
+    (0.04, "reserve", _res("b", True), (False, 0.06, True, 1, 0.26, False)),  # too early
+    (0.05, "reserve", _res("b", True), (True, 0.0, False, 1, 0.25, False)),  # redeemed
+    (0.05, "reserve", _res("b", True), (False, 0.25, True, 1, 0.35, False)),  # only once: rebooked
+    (0.5, "reserve", _res("c", True), (True, 0.0, False, 1, 0.1, True)),  # stale: rebooked, idle
+    (0.5, "reserve", _res("d", max_wait=0.05), (False, 0.1, False, 1, 0.1, False)),  # too far
+    (0.5, "reserve", _res("e", q=2), (False, -1.0, False, 1, 0.1, False)),  # never fits
+    (0.5, "reserve", _res("b", True), (False, 0.1, True, 1, 0.2, True)),  # stale, rebooked
 ]
 
 # The ticket window's edges: default early = min(slot width, 0.05 s) = 0.05 s, and
 # late = slot width = 0.1 s. A redeemed ticket leaves the TAT alone (reset_after from
 # the old TAT); a stale one books afresh (reset_after 0.1 when the funnel is idle).
 RESERVATION_EDGES: list[Step] = [
-    (0, "reserve", _res("a"), (True, 0.0, False, 1, 0.1)),
-    (0, "reserve", _res("b"), (False, 0.1, True, 1, 0.2)),
-    (0, "reserve", _res("c"), (False, 0.2, True, 1, 0.3)),
-    (0.049999, "reserve", _res("b", True), (False, 0.050001, True, 1, 0.250001)),
-    (0.05, "reserve", _res("b", True), (True, 0.0, False, 1, 0.25)),
-    (0.3, "reserve", _res("c", True), (True, 0.0, False, 1, 0.0)),  # slot + late: honoured
-    (0.3, "reserve", _res("d"), (True, 0.0, False, 1, 0.1)),
-    (0.3, "reserve", _res("e"), (False, 0.1, True, 1, 0.2)),
-    (0.500001, "reserve", _res("e", True), (True, 0.0, False, 1, 0.1)),  # stale: booked anew
+    (0, "reserve", _res("a"), (True, 0.0, False, 1, 0.1, False)),
+    (0, "reserve", _res("b"), (False, 0.1, True, 1, 0.2, False)),
+    (0, "reserve", _res("c"), (False, 0.2, True, 1, 0.3, False)),
+    (0.049999, "reserve", _res("b", True), (False, 0.050001, True, 1, 0.250001, False)),
+    (0.05, "reserve", _res("b", True), (True, 0.0, False, 1, 0.25, False)),
+    (0.3, "reserve", _res("c", True), (True, 0.0, False, 1, 0.0, False)),  # slot + late: honoured
+    (0.3, "reserve", _res("d"), (True, 0.0, False, 1, 0.1, False)),
+    (0.3, "reserve", _res("e"), (False, 0.1, True, 1, 0.2, False)),
+    (0.500001, "reserve", _res("e", True), (True, 0.0, False, 1, 0.1, True)),  # stale: booked anew
 ]
 
 TABLES: dict[str, list[Step]] = {

@@ -13,9 +13,10 @@
 -- ARGV[8]  late grace, us:  ... to slot + late; later, it is dropped, the part of
 --          its slot not yet drained from the TAT is given back, and it books anew
 -- ARGV[9]  max wait, us: book no slot further away than this (-1 = no bound)
--- Reply    {status, delay (us), reset_after (us)}; status 0 = admitted now,
---          1 = a slot is booked (delay until it), 2 = not booked: delay > max wait,
---          3 = the quantity can never fit (delay -1)
+-- Reply    {status, delay (us), reset_after (us), stale (1 = the ticket came after
+--          its window)}; status 0 = admitted now, 1 = a slot is booked (delay until
+--          it), 2 = not booked: delay > max wait, 3 = the quantity can never fit
+--          (delay -1)
 
 local t = tonumber(ARGV[1])
 local tau = tonumber(ARGV[2])
@@ -32,19 +33,21 @@ local tat = tonumber(redis.call('GET', KEYS[1])) or now
 if tat < now then
   tat = now
 end
+local stale = 0
 
 if ARGV[6] == '1' then
   local slot = tonumber(redis.call('ZSCORE', KEYS[2], ticket))
   if slot then
     if now < slot - tonumber(ARGV[7]) then
-      return {1, slot - now, tat - now}
+      return {1, slot - now, tat - now, 0}
     end
     redis.call('ZREM', KEYS[2], ticket)
     -- the slot was paid for when it was booked; honour it only near its time,
     -- so that tickets released together (say after an outage) cannot burst
     if now <= slot + late then
-      return {0, 0, tat - now}
+      return {0, 0, tat - now, 0}
     end
+    stale = 1
     -- stale: give back the part of its increment still ahead of now in the TAT
     -- (booking left the TAT at slot + tau); what has drained is spent for good
     local ahead = math.min(slot + tau - now, t * quantity)
@@ -56,17 +59,17 @@ end
 
 local increment = t * quantity
 if increment > tau then
-  return {3, -1, tat - now}
+  return {3, -1, tat - now, stale}
 end
 local new_tat = tat + increment
 local delay = new_tat - tau - now
 local max_wait = tonumber(ARGV[9])
 if delay > 0 and max_wait >= 0 and delay > max_wait then
-  return {2, delay, tat - now}
+  return {2, delay, tat - now, stale}
 end
 redis.call('SET', KEYS[1], string.format('%.0f', new_tat), 'PX', math.ceil((new_tat - now) / 1000))
 if delay <= 0 then
-  return {0, 0, new_tat - now}
+  return {0, 0, new_tat - now, stale}
 end
 if ticket ~= '' then
   -- slots only grow, so this booking outlives every ticket already in the set
@@ -74,4 +77,4 @@ if ticket ~= '' then
   redis.call('ZADD', KEYS[2], string.format('%.0f', new_tat - tau), ticket)
   redis.call('PEXPIRE', KEYS[2], math.ceil((delay + late) / 1000) + 1)
 end
-return {1, delay, new_tat - now}
+return {1, delay, new_tat - now, stale}

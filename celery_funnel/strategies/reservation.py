@@ -38,32 +38,34 @@ def _twin(store: MemoryStore, keys: Sequence[str], argv: Sequence[Arg]) -> Reply
     early, late, max_wait = int(argv[6]), int(argv[7]), int(argv[8])
     stored = store.get(keys[0])
     tat = max(int(stored) if stored is not None else now, now)
+    stale = 0
     if redeem:
         slot = store.zscore(keys[1], ticket)
         if slot is not None:
             if now < slot - early:
-                return [BOOKED, slot - now, tat - now]
+                return [BOOKED, slot - now, tat - now, 0]
             store.zrem(keys[1], ticket)
             if now <= slot + late:
-                return [ADMITTED, 0, tat - now]
+                return [ADMITTED, 0, tat - now, 0]
+            stale = 1
             ahead = min(slot + tau - now, t * quantity)
             if ahead > 0:
                 tat = max(tat - ahead, now)
     increment = t * quantity
     if increment > tau:
-        return [NEVER, -1, tat - now]
+        return [NEVER, -1, tat - now, stale]
     new_tat = tat + increment
     delay = new_tat - tau - now
     if delay > 0 and 0 <= max_wait < delay:
-        return [TOO_FAR, delay, tat - now]
+        return [TOO_FAR, delay, tat - now, stale]
     store.set_px(keys[0], str(new_tat), -(-(new_tat - now) // 1000))
     if delay <= 0:
-        return [ADMITTED, 0, new_tat - now]
+        return [ADMITTED, 0, new_tat - now, stale]
     if ticket:
         store.zremrangebyscore(keys[1], now - late, inclusive=False)
         store.zadd(keys[1], {ticket: new_tat - tau})
         store.pexpire(keys[1], -(-(delay + late) // 1000) + 1)
-    return [BOOKED, delay, new_tat - now]
+    return [BOOKED, delay, new_tat - now, stale]
 
 
 SCRIPT = Script.load("reserve", _twin)
@@ -110,11 +112,12 @@ def reserve(
         _grace_us("late", late, slot_us),
         -1 if max_wait is None else _grace_us("max_wait", max_wait, -1),
     ]
-    status, delay_us, reset_us = run(SCRIPT, (key, companion_key(key, "tickets")), args)
+    status, delay_us, reset_us, stale = run(SCRIPT, (key, companion_key(key, "tickets")), args)
     return Reservation(
         admitted=status == ADMITTED,
         delay=seconds(delay_us),
         booked=status == BOOKED,
         limit=limit,
         reset_after=seconds(reset_us),
+        stale=bool(stale),
     )
