@@ -6,22 +6,30 @@ and the window strategies) or a ``Reservation`` (``reserve``).
 """
 
 from ._decision import Decision, Reservation
-from ._errors import BackendError, ConfigurationError, FunnelError
+from ._errors import BackendError, ConfigurationError, CostTooHigh, FunnelError, TooManyDeferrals
+from ._install import install
+from ._limit import Limit
 from ._rate import Rate
 from .backends.base import Funnel
 from .backends.memory import MemoryFunnel
 from .backends.redis import RedisFunnel
+from .task import FunnelTask
 
 __all__ = [
     "BackendError",
     "ConfigurationError",
+    "CostTooHigh",
     "Decision",
     "Funnel",
     "FunnelError",
+    "FunnelTask",
+    "Limit",
     "MemoryFunnel",
     "Rate",
     "RedisFunnel",
     "Reservation",
+    "TooManyDeferrals",
+    "install",
 ]
 
 __version__ = "0.1.0"

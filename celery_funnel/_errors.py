@@ -6,7 +6,7 @@ class keeps its whole state in ``args`` and unpickles through ``__init__(*args)`
 
 from __future__ import annotations
 
-__all__ = ["BackendError", "ConfigurationError", "FunnelError"]
+__all__ = ["BackendError", "ConfigurationError", "CostTooHigh", "FunnelError", "TooManyDeferrals"]
 
 
 class FunnelError(Exception):
@@ -26,3 +26,12 @@ class BackendError(FunnelError):
     Raised ``from`` the underlying client error, which stays available as
     ``__cause__`` in the raising process.
     """
+
+
+class CostTooHigh(FunnelError):
+    """A task's cost is above its funnel's capacity: it can never run, so it fails at
+    once instead of being re-queued for ever."""
+
+
+class TooManyDeferrals(FunnelError):
+    """A task was deferred more than ``funnel_max_deferrals`` times."""

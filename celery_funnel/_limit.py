@@ -1,0 +1,186 @@
+"""``Limit``: one limit of the limiter layer (rate, capacity, strategy, key, cost), and the
+one atomic step that checks it against a funnel backend.
+
+The limiter owns keys and policy; the backend only runs one atomic step per call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import re
+import string
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from ._errors import ConfigurationError
+from ._rate import Rate
+from .backends.base import Funnel
+
+__all__ = ["STRATEGIES", "Limit", "Verdict", "parse_limit", "safe_part"]
+
+STRATEGIES = ("gcra", "fixed_window", "sliding_window", "sliding_log")
+SCOPES = ("global", "worker")
+_SAFE = re.compile(r"[A-Za-z0-9_.:@*?=+-]{1,64}")
+
+KeyFunc = Callable[..., object]
+CostFunc = Callable[..., int]
+
+
+def safe_part(value: object) -> str:
+    """A key part that cannot escape its prefix, break a ``{hash tag}`` or grow without
+    bound: short plain text is kept, anything else (long, binary, braces, spaces,
+    non-ASCII) becomes ``~`` and 24 hex digits of its SHA-256."""
+    raw = value if isinstance(value, bytes) else str(value).encode("utf-8", "surrogatepass")
+    text = raw.decode("ascii", "replace")
+    if _SAFE.fullmatch(text) and not text.startswith("~"):
+        return text
+    return "~" + hashlib.sha256(raw).hexdigest()[:24]
+
+
+class _SafeFormatter(string.Formatter):
+    def format_field(self, value: Any, format_spec: str) -> str:
+        return safe_part(super().format_field(value, format_spec))
+
+
+class Verdict(NamedTuple):
+    """What to do with one task: run it, or wait ``delay`` seconds (a slot ``booked``,
+    or not), or fail it because its cost can ``never`` fit."""
+
+    run: bool
+    delay: float = 0.0
+    booked: bool = False
+    never: bool = False
+    stale: bool = False
+
+
+@dataclass(frozen=True)
+class Limit:
+    """One limit: ``rate``, burst ``capacity`` (units that may start back to back from an
+    idle funnel), ``strategy``, the ``key`` that splits it (a format string over the
+    task's arguments, or a callable taking ``*args, **kwargs``), the ``cost`` of one
+    task (int or callable), and for worker-wide limits a task-name ``pattern`` and a
+    ``scope``."""
+
+    rate: Rate
+    capacity: int = 1
+    strategy: str = "gcra"
+    key: str | KeyFunc | None = None
+    cost: int | CostFunc = 1
+    pattern: str | None = None
+    scope: str = "global"
+    windows: int = 10
+
+    def key_part(
+        self, run: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> str:
+        """The part of the funnel key that ``args``/``kwargs`` select ("" = one funnel)."""
+        if self.key is None:
+            return ""
+        if callable(self.key):
+            return safe_part(self.key(*args, **kwargs))
+        bound = inspect.signature(run).bind(*args, **kwargs)
+        bound.apply_defaults()
+        return _SafeFormatter().vformat(self.key, (), bound.arguments)
+
+    def cost_of(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int:
+        """Units one task takes."""
+        cost = self.cost(*args, **kwargs) if callable(self.cost) else self.cost
+        if isinstance(cost, bool) or not isinstance(cost, int) or cost < 0:
+            raise ConfigurationError(f"funnel_cost must give an integer >= 0, got {cost!r}")
+        return cost
+
+    def check(
+        self,
+        funnel: Funnel,
+        key: str,
+        cost: int,
+        *,
+        ticket: str | None = None,
+        redeem: bool = False,
+        late: float | None = None,
+    ) -> Verdict:
+        """One atomic step on ``funnel``: a reservation (GCRA with a ``ticket``) or a
+        plain decision. ``cost`` 0 always runs."""
+        if cost == 0:
+            return Verdict(run=True)
+        rate = self.rate
+        if self.strategy == "gcra":
+            if ticket is None:
+                d = funnel.throttle(key, self.capacity - 1, rate.count, rate.period, cost)
+                return Verdict(
+                    d.allowed, max(d.retry_after, 0.0), never=d.retry_after < 0 and d.limited
+                )
+            r = funnel.reserve(
+                key, self.capacity - 1, rate.count, rate.period, cost,
+                ticket=ticket, redeem=redeem, late=late,
+            )  # fmt: skip
+            return Verdict(r.admitted, max(r.delay, 0.0), r.booked, r.never, r.stale)
+        if self.strategy == "fixed_window":
+            d = funnel.fixed_window(key, rate.count, rate.period, cost)
+        elif self.strategy == "sliding_log":
+            d = funnel.sliding_log(key, rate.count, rate.period, cost)
+        else:
+            d = funnel.sliding_window(key, rate.count, rate.period, cost, windows=self.windows)
+        return Verdict(d.allowed, max(d.retry_after, 0.0), never=d.limited and d.retry_after < 0)
+
+
+def _choice(where: str, option: str, value: Any, choices: Sequence[str]) -> str:
+    if value not in choices:
+        raise ConfigurationError(f"{where}: {option} must be one of {list(choices)}, got {value!r}")
+    return str(value)
+
+
+def parse_limit(spec: Any, *, pattern: str | None = None, where: str = "limit") -> Limit:
+    """A ``Limit`` from ``"30/m"`` or ``{"rate": ..., "capacity": ..., "strategy": ...,
+    "key": ..., "cost": ..., "scope": ..., "windows": ...}``.
+
+    Raises:
+        ConfigurationError: naming ``where``, the option and its value.
+    """
+    if isinstance(spec, Limit):
+        return spec
+    if isinstance(spec, (str, Rate)):
+        spec = {"rate": spec}
+    if not isinstance(spec, Mapping) or "rate" not in spec:
+        raise ConfigurationError(
+            f"{where}: expected a rate like '30/m' or a dict with 'rate', got {spec!r}"
+        )
+    unknown = set(spec) - {"rate", "capacity", "strategy", "key", "cost", "scope", "windows"}
+    if unknown:
+        raise ConfigurationError(f"{where}: unknown option(s) {sorted(unknown)}")
+    try:
+        rate = Rate.parse(spec["rate"])
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{where}: {exc}") from None
+    capacity = spec.get("capacity", 1)
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+        raise ConfigurationError(f"{where}: capacity must be an integer >= 1, got {capacity!r}")
+    cost = spec.get("cost", 1)
+    if not callable(cost) and (isinstance(cost, bool) or not isinstance(cost, int) or cost < 0):
+        raise ConfigurationError(
+            f"{where}: cost must be an integer >= 0 or a callable, got {cost!r}"
+        )
+    if isinstance(cost, int) and cost > capacity and spec.get("strategy", "gcra") == "gcra":
+        raise ConfigurationError(
+            f"{where}: cost {cost} is above capacity {capacity}: it could never run"
+        )
+    key = spec.get("key")
+    if key is not None and not (isinstance(key, str) or callable(key)):
+        raise ConfigurationError(f"{where}: key must be a format string or a callable, got {key!r}")
+    windows = spec.get("windows", 10)
+    if isinstance(windows, bool) or not isinstance(windows, int) or not 1 <= windows <= 100:
+        raise ConfigurationError(
+            f"{where}: windows must be an integer from 1 to 100, got {windows!r}"
+        )
+    return Limit(
+        rate=rate,
+        capacity=capacity,
+        strategy=_choice(where, "strategy", spec.get("strategy", "gcra"), STRATEGIES),
+        key=key,
+        cost=cost,
+        pattern=pattern,
+        scope=_choice(where, "scope", spec.get("scope", "global"), SCOPES),
+        windows=windows,
+    )

@@ -1,0 +1,55 @@
+"""``Runtime``: what celery-funnel keeps for one Celery app in one process (settings,
+the funnel backend, the countdown policy), attached to the app, built lazily."""
+
+from __future__ import annotations
+
+import threading
+from functools import cached_property
+from typing import Any
+
+from ._countdown import CountdownPolicy, policy_for
+from ._settings import FunnelSettings
+from .backends.base import Funnel
+from .backends.redis import RedisFunnel
+
+ATTRIBUTE = "_celery_funnel_runtime"
+
+
+class Runtime:
+    """Per-app state: read on first use, so that ``app.conf`` may be set after install."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self._lock = threading.Lock()
+        self.installed = False
+
+    @cached_property
+    def settings(self) -> FunnelSettings:
+        return FunnelSettings.from_conf(self.app.conf)
+
+    @cached_property
+    def funnel(self) -> Funnel:
+        target = self.settings.require_redis()
+        if isinstance(target, str):
+            timeout = self.settings.socket_timeout
+            return RedisFunnel.from_url(
+                target, socket_timeout=timeout, socket_connect_timeout=timeout
+            )
+        return RedisFunnel(target)
+
+    @cached_property
+    def countdowns(self) -> CountdownPolicy:
+        return policy_for(self.app.conf, self.settings.max_countdown)
+
+    def key(self, *parts: str) -> str:
+        """A funnel key under the configured prefix."""
+        return self.settings.key_prefix + ":".join(p for p in parts if p)
+
+
+def runtime_for(app: Any) -> Runtime:
+    """The app's ``Runtime``, created on first call."""
+    runtime = app.__dict__.get(ATTRIBUTE)
+    if runtime is None:
+        runtime = Runtime(app)
+        setattr(app, ATTRIBUTE, runtime)
+    return runtime

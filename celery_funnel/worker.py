@@ -1,0 +1,117 @@
+"""The worker gate: worker-wide limits (``funnel_limits``) for every matching task,
+FunnelTask or not, enforced where every due task passes: ``consumer.on_task_request``.
+
+It runs on the consumer's event loop, so it never sleeps: a refused task is held on the
+consumer's timer (as Celery's own rate limit holds it) for exactly the time the funnel
+names, its slot booked under the task id, and then passes the gate again. Redis calls
+have bounded socket timeouts (``funnel_socket_timeout``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from celery import bootsteps
+
+from ._limit import Limit, safe_part
+from ._runtime import Runtime, runtime_for
+from .task import FunnelTask, limit_of
+
+__all__ = ["FunnelGate", "WorkerGate"]
+
+logger = logging.getLogger("celery_funnel")
+
+
+class WorkerGate:
+    """Wraps ``on_task_request``: passes a request on once every matching limit admits it."""
+
+    def __init__(self, runtime: Runtime, consumer: Any, handle: Callable[[Any], Any]) -> None:
+        self.runtime = runtime
+        self.consumer = consumer
+        self.handle = handle
+        self.hostname = safe_part(getattr(consumer, "hostname", "") or "worker")
+        self._by_name: dict[str, tuple[Limit, ...]] = {}
+        self._passed: dict[str, set[int]] = {}  # request id -> indexes of limits passed
+        self._booked: dict[str, set[int]] = {}
+
+    def limits_for(self, name: str) -> tuple[Limit, ...]:
+        """Every worker-wide limit whose pattern matches task ``name``."""
+        if name not in self._by_name:
+            self._by_name[name] = tuple(
+                limit
+                for limit in self.runtime.settings.limits
+                if limit.pattern is not None and fnmatch.fnmatchcase(name, limit.pattern)
+            )
+        return self._by_name[name]
+
+    def key(self, limit: Limit) -> str:
+        scope = self.hostname if limit.scope == "worker" else ""
+        return self.runtime.key("limit", safe_part(limit.pattern or "*"), scope)
+
+    def __call__(self, request: Any) -> Any:
+        limits = self.limits_for(request.name)
+        if not limits:
+            return self.handle(request)
+        return self._check(request, limits)
+
+    def _check(self, request: Any, limits: tuple[Limit, ...]) -> Any:
+        passed = self._passed.setdefault(request.id, set())
+        booked = self._booked.setdefault(request.id, set())
+        reservation = self.runtime.settings.reservation
+        for index, limit in enumerate(limits):
+            if index in passed:
+                continue
+            ticket = request.id if reservation and limit.strategy == "gcra" else None
+            verdict = limit.check(
+                self.runtime.funnel, self.key(limit), 1, ticket=ticket, redeem=index in booked
+            )
+            if not verdict.run:
+                (booked.add if verdict.booked else booked.discard)(index)
+                self._hold(request, limits, verdict.delay)
+                return None
+            passed.add(index)
+        self._passed.pop(request.id, None)
+        self._booked.pop(request.id, None)
+        return self.handle(request)
+
+    def _hold(self, request: Any, limits: tuple[Limit, ...], delay: float) -> None:
+        # Like an ETA task: held in this worker, outside the prefetch window, so that
+        # other tasks keep flowing while it waits.
+        self.consumer.qos.increment_eventually()
+        countdown = self.runtime.countdowns.countdown(delay)
+        self.consumer.timer.call_after(countdown, self._release, (request, limits), priority=6)
+
+    def _release(self, request: Any, limits: tuple[Limit, ...]) -> None:
+        self.consumer.qos.decrement_eventually()
+        self._check(request, limits)
+
+
+def check_tasks(app: Any) -> None:
+    """Build every FunnelTask's limit, so that bad options fail at worker start."""
+    for task in list(app.tasks.values()):
+        if isinstance(task, FunnelTask):
+            limit_of(task)
+
+
+class FunnelGate(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Consumer bootstep: checks the settings and every FunnelTask's options (a bad
+    value stops the worker at start, named), and installs the worker gate when
+    ``funnel_limits`` is set."""
+
+    label = "celery-funnel gate"
+
+    def __init__(self, consumer: Any, **kwargs: Any) -> None:
+        super().__init__(consumer, **kwargs)
+        runtime = runtime_for(consumer.app)
+        settings = runtime.settings
+        check_tasks(consumer.app)
+        if settings.limits:
+            settings.require_redis()
+            consumer.on_task_request = WorkerGate(runtime, consumer, consumer.on_task_request)
+            logger.info(
+                "celery-funnel: worker-wide limits on %s",
+                ", ".join(f"{limit.pattern}={limit.rate}" for limit in settings.limits),
+            )

@@ -1,0 +1,128 @@
+"""A Celery project for the tests: ``make_app`` for in-process workers, and a module-level
+``app`` (configured from FUNNEL_TEST_* environment variables) for ``celery -A`` workers.
+
+Every task records each run it makes (id, time, worker, retries, headers) in the Redis
+list ``runs``, so that tests can count executions and their times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from typing import Any
+
+import redis
+from celery import Celery
+
+from celery_funnel import FunnelTask, install
+
+RUNS = "runs"
+
+
+def make_app(broker_url: str, funnel_url: str, **conf: Any) -> Celery:
+    app = Celery("proj", broker=broker_url, backend=funnel_url.rsplit("/", 1)[0] + "/1")
+    app.conf.update(
+        funnel_redis_url=funnel_url,
+        task_default_queue="proj",
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        result_expires=600,
+        **conf,
+    )
+    install(app)
+    store = redis.Redis.from_url(funnel_url)
+
+    def record(task: Any, *args: Any) -> None:
+        request = task.request
+        store.rpush(
+            RUNS,
+            json.dumps(
+                {
+                    "id": request.id,
+                    "name": task.name,
+                    "args": list(args),
+                    "at": time.time(),
+                    "worker": request.hostname or socket.gethostname(),
+                    "retries": request.retries,
+                    "headers": {
+                        k: v for k, v in (request.headers or {}).items() if k != "celery_funnel"
+                    },
+                    "deferrals": (request.headers or {}).get("celery_funnel", {}).get("count", 0),
+                }
+            ),
+        )
+
+    @app.task(shared=False, bind=True, base=FunnelTask, funnel_rate="10/s", name="proj.limited")
+    def limited(self: Any, n: int = 0) -> int:
+        record(self, n)
+        return n
+
+    @app.task(
+        shared=False,
+        bind=True,
+        base=FunnelTask,
+        funnel_rate="10/s",
+        funnel_key="{customer}",
+        name="proj.per_customer",
+    )
+    def per_customer(self: Any, customer: str, n: int = 0) -> int:
+        record(self, customer, n)
+        return n
+
+    @app.task(
+        shared=False,
+        bind=True,
+        base=FunnelTask,
+        funnel_rate="10/s",
+        funnel_capacity=2,
+        funnel_cost=lambda n: n,
+        name="proj.costly",
+    )
+    def costly(self: Any, n: int) -> int:
+        record(self, n)
+        return n
+
+    @app.task(shared=False, bind=True, name="proj.plain")
+    def plain(self: Any, n: int = 0) -> int:
+        record(self, n)
+        return n
+
+    @app.task(shared=False, bind=True, name="proj.collect")
+    def collect(self: Any, values: Any) -> Any:
+        record(self, values)
+        return values
+
+    @app.task(
+        shared=False,
+        bind=True,
+        base=FunnelTask,
+        funnel_rate="1000000/s",
+        funnel_capacity=1000,
+        name="proj.noop_funnel",
+    )
+    def noop_funnel(self: Any) -> None:
+        return None
+
+    @app.task(shared=False, name="proj.noop_plain")
+    def noop_plain() -> None:
+        return None
+
+    return app
+
+
+def runs(funnel_url: str) -> list[dict[str, Any]]:
+    """Every run recorded so far."""
+    store = redis.Redis.from_url(funnel_url)
+    return [json.loads(item) for item in store.lrange(RUNS, 0, -1)]
+
+
+if os.environ.get("FUNNEL_TEST_BROKER"):
+    limits = os.environ.get("FUNNEL_TEST_LIMITS")
+    app = make_app(
+        os.environ["FUNNEL_TEST_BROKER"],
+        os.environ["FUNNEL_TEST_REDIS"],
+        funnel_limits=json.loads(limits) if limits else {},
+        funnel_reservation=os.environ.get("FUNNEL_TEST_RESERVATION", "1") == "1",
+    )
