@@ -6,7 +6,13 @@ and the window strategies) or a ``Reservation`` (``reserve``).
 """
 
 from ._decision import Decision, Reservation
-from ._errors import BackendError, ConfigurationError, CostTooHigh, FunnelError, TooManyDeferrals
+from ._errors import (
+    BackendError,
+    ConfigurationError,
+    CostTooHighError,
+    FunnelError,
+    TooManyDeferralsError,
+)
 from ._install import install
 from ._limit import Limit
 from ._rate import Rate
@@ -18,7 +24,7 @@ from .task import FunnelTask
 __all__ = [
     "BackendError",
     "ConfigurationError",
-    "CostTooHigh",
+    "CostTooHighError",
     "Decision",
     "Funnel",
     "FunnelError",
@@ -28,7 +34,7 @@ __all__ = [
     "Rate",
     "RedisFunnel",
     "Reservation",
-    "TooManyDeferrals",
+    "TooManyDeferralsError",
     "install",
 ]
 

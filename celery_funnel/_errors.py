@@ -6,7 +6,13 @@ class keeps its whole state in ``args`` and unpickles through ``__init__(*args)`
 
 from __future__ import annotations
 
-__all__ = ["BackendError", "ConfigurationError", "CostTooHigh", "FunnelError", "TooManyDeferrals"]
+__all__ = [
+    "BackendError",
+    "ConfigurationError",
+    "CostTooHighError",
+    "FunnelError",
+    "TooManyDeferralsError",
+]
 
 
 class FunnelError(Exception):
@@ -28,10 +34,10 @@ class BackendError(FunnelError):
     """
 
 
-class CostTooHigh(FunnelError):
+class CostTooHighError(FunnelError):
     """A task's cost is above its funnel's capacity: it can never run, so it fails at
     once instead of being re-queued for ever."""
 
 
-class TooManyDeferrals(FunnelError):
+class TooManyDeferralsError(FunnelError):
     """A task was deferred more than ``funnel_max_deferrals`` times."""

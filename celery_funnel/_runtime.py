@@ -48,7 +48,7 @@ class Runtime:
 
 def runtime_for(app: Any) -> Runtime:
     """The app's ``Runtime``, created on first call."""
-    runtime = app.__dict__.get(ATTRIBUTE)
+    runtime: Runtime | None = app.__dict__.get(ATTRIBUTE)
     if runtime is None:
         runtime = Runtime(app)
         setattr(app, ATTRIBUTE, runtime)

@@ -79,7 +79,10 @@ class FunnelSettings:
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> FunnelSettings:
         """Read and check every ``funnel_*`` setting of ``conf``; warn about unknown ones."""
-        get = lambda name: read_setting(conf, name)  # noqa: E731
+
+        def get(name: str) -> Any:
+            return read_setting(conf, name)
+
         limits_conf = get("funnel_limits")
         if not isinstance(limits_conf, Mapping):
             raise ConfigurationError(

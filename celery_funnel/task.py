@@ -9,6 +9,7 @@ alone and ``on_retry`` is not called: deferrals are counted in a header of their
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
@@ -16,7 +17,7 @@ from typing import Any, ClassVar, NamedTuple
 from celery import Task
 from celery.exceptions import Ignore
 
-from ._errors import ConfigurationError, CostTooHigh, TooManyDeferrals
+from ._errors import ConfigurationError, CostTooHighError, TooManyDeferralsError
 from ._limit import Limit, Verdict, parse_limit, safe_part
 from ._runtime import Runtime, runtime_for
 
@@ -29,29 +30,36 @@ _OPTIONS = ("funnel_rate", "funnel_capacity", "funnel_strategy", "funnel_key", "
 class Deferral(NamedTuple):
     """What the header carries from one run of a task to the next."""
 
-    count: int = 0  # times deferred so far
+    deferrals: int = 0  # times deferred so far
     booked: bool = False  # a slot is booked under the task id
     stale: int = 0  # times its ticket came too late (the late grace doubles each time)
 
     @classmethod
     def from_headers(cls, headers: Mapping[str, Any] | None) -> Deferral:
         raw = (headers or {}).get(HEADER) or {}
-        return cls(int(raw.get("count", 0)), bool(raw.get("booked")), int(raw.get("stale", 0)))
+        return cls(int(raw.get("deferrals", 0)), bool(raw.get("booked")), int(raw.get("stale", 0)))
 
     def header(self) -> dict[str, Any]:
-        return {"count": self.count, "booked": self.booked, "stale": self.stale}
+        return self._asdict()
+
+
+def _option(task: Any, name: str) -> Any:
+    # Read without binding: a function stored as a class attribute (funnel_key=lambda
+    # ...) would otherwise come back as a method of the task.
+    value = inspect.getattr_static(task, name, None)
+    return value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
 
 
 def limit_of(task: Any) -> Limit | None:
     """The task's limit from its ``funnel_*`` options (``task_annotations`` included)."""
-    if getattr(task, "funnel_rate", None) is None:
+    if _option(task, "funnel_rate") is None:
         return None
     spec = {
-        "rate": task.funnel_rate,
-        "capacity": task.funnel_capacity,
-        "strategy": task.funnel_strategy,
-        "key": task.funnel_key,
-        "cost": task.funnel_cost,
+        "rate": _option(task, "funnel_rate"),
+        "capacity": _option(task, "funnel_capacity"),
+        "strategy": _option(task, "funnel_strategy"),
+        "key": _option(task, "funnel_key"),
+        "cost": _option(task, "funnel_cost"),
     }
     try:
         return parse_limit(spec, where=f"task {getattr(task, 'name', task)!r}")
@@ -72,8 +80,8 @@ class FunnelTask(Task):  # type: ignore[misc]
 
     Subclasses that override ``before_start`` must call ``super().before_start``.
 
-    Raises (in the task, which then fails): ``CostTooHigh`` when the cost can never
-    fit, ``TooManyDeferrals`` past ``funnel_max_deferrals``, ``BackendError`` when
+    Raises (in the task, which then fails): ``CostTooHighError`` when the cost can never
+    fit, ``TooManyDeferralsError`` past ``funnel_max_deferrals``, ``BackendError`` when
     Redis fails.
     """
 
@@ -102,7 +110,7 @@ class FunnelTask(Task):  # type: ignore[misc]
             if verdict.run:
                 return
             if verdict.never:
-                raise CostTooHigh(
+                raise CostTooHighError(
                     f"task {self.name}[{task_id}] costs {cost} units but funnel {key!r} holds"
                     f" {limit.capacity}: it can never run"
                 )
@@ -143,11 +151,11 @@ class FunnelTask(Task):  # type: ignore[misc]
     ) -> None:
         request = self.request
         state = Deferral.from_headers(request.headers)
-        deferral = Deferral(state.count + 1, verdict.booked, state.stale + verdict.stale)
+        deferral = Deferral(state.deferrals + 1, verdict.booked, state.stale + verdict.stale)
         cap = runtime.settings.max_deferrals
-        if cap is not None and deferral.count > cap:
-            raise TooManyDeferrals(
-                f"task {self.name}[{request.id}] was deferred {state.count} times"
+        if cap is not None and deferral.deferrals > cap:
+            raise TooManyDeferralsError(
+                f"task {self.name}[{request.id}] was deferred {state.deferrals} times"
                 f" (funnel_max_deferrals={cap})"
             )
         headers = {**(request.headers or {}), HEADER: deferral.header()}

@@ -10,8 +10,8 @@
 -- ARGV[5]  ticket id to book the slot under, or "" for none
 -- ARGV[6]  "1" to redeem ARGV[5] first (the caller holds a booking), else "0"
 -- ARGV[7]  early grace, us: a ticket is honoured from slot - early ...
--- ARGV[8]  late grace, us:  ... to slot + late; later, it is dropped, the part of
---          its slot not yet drained from the TAT is given back, and it books anew
+-- ARGV[8]  late grace, us:  ... to slot + late; later, it is dropped (its booking
+--          undone if it was the last one) and it books anew
 -- ARGV[9]  max wait, us: book no slot further away than this (-1 = no bound)
 -- Reply    {status, delay (us), reset_after (us), stale (1 = the ticket came after
 --          its window)}; status 0 = admitted now, 1 = a slot is booked (delay until
@@ -48,11 +48,10 @@ if ARGV[6] == '1' then
       return {0, 0, tat - now, 0}
     end
     stale = 1
-    -- stale: give back the part of its increment still ahead of now in the TAT
-    -- (booking left the TAT at slot + tau); what has drained is spent for good
-    local ahead = math.min(slot + tau - now, t * quantity)
-    if ahead > 0 then
-      tat = math.max(tat - ahead, now)
+    -- stale: if it was the last booking (it left the TAT at slot + tau), undo it;
+    -- a slot in the middle of others cannot be given back without bunching them
+    if tat == slot + tau then
+      tat = math.max(tat - t * quantity, now)
     end
   end
 end

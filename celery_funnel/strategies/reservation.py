@@ -5,9 +5,9 @@ it at once, exactly as if it had been admitted) and learns the delay until that 
 Under a ticket id it can come back and redeem the slot exactly once, and only near it:
 from ``slot - early`` to ``slot + late``. Earlier, it is told to wait again; later, the
 ticket is dropped and the caller books anew, so late tickets cannot burst together. A
-stale ticket first gives back the part of its slot that the TAT has not yet drained
-(booking left the TAT at ``slot + tau``), so lateness shorter than ``tau`` wastes
-nothing; lateness beyond that is capacity spent for good.
+stale ticket that was the funnel's last booking (the TAT is still ``slot + tau``) undoes
+it first; a slot in the middle of later bookings is spent for good (giving it back would
+bunch the next booking onto the one above it: a hypothesis simulation found exactly that).
 
 A caller that is always later than ``late`` would book anew for ever behind a backlog;
 callers widen ``late`` each time a ticket goes stale (the Celery layer doubles it).
@@ -48,9 +48,8 @@ def _twin(store: MemoryStore, keys: Sequence[str], argv: Sequence[Arg]) -> Reply
             if now <= slot + late:
                 return [ADMITTED, 0, tat - now, 0]
             stale = 1
-            ahead = min(slot + tau - now, t * quantity)
-            if ahead > 0:
-                tat = max(tat - ahead, now)
+            if tat == slot + tau:
+                tat = max(tat - t * quantity, now)
     increment = t * quantity
     if increment > tau:
         return [NEVER, -1, tat - now, stale]

@@ -49,7 +49,9 @@ def make_app(broker_url: str, funnel_url: str, **conf: Any) -> Celery:
                     "headers": {
                         k: v for k, v in (request.headers or {}).items() if k != "celery_funnel"
                     },
-                    "deferrals": (request.headers or {}).get("celery_funnel", {}).get("count", 0),
+                    "deferrals": (request.headers or {})
+                    .get("celery_funnel", {})
+                    .get("deferrals", 0),
                 }
             ),
         )

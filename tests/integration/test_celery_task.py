@@ -57,3 +57,98 @@ def test_throttled_tasks_run_once_each_at_the_funnel_rate(
     assert deferred, "some tasks were deferred"
     assert all(r["retries"] == 0 for r in recorded)
     assert all(r["deferrals"] == 1 for r in deferred), "reservation: one deferral each"
+
+
+def test_deferral_keeps_chain_links_headers_queue_and_priority(
+    celery_app: Celery, redis_url: str
+) -> None:
+    limited, collect = celery_app.tasks["proj.limited"], celery_app.tasks["proj.collect"]
+    with start_worker(
+        celery_app, pool="threads", concurrency=2, perform_ping_check=False,
+        shutdown_timeout=10, queues=["other"],
+    ):  # fmt: skip
+        first = limited.apply_async((1,), queue="other", priority=3, headers={"x-trace": "t1"})
+        second = limited.apply_async(
+            (2,), queue="other", priority=3, headers={"x-trace": "t2"},
+            link=collect.s().set(queue="other"),
+        )  # fmt: skip
+        flow = chain(limited.s(3).set(queue="other"), collect.s().set(queue="other"))()
+        assert first.get(timeout=20) == 1
+        assert second.get(timeout=20) == 2
+        assert flow.get(timeout=20) == 3
+        wait_for(lambda: len(runs(redis_url)) == 5)
+    recorded = runs(redis_url)
+    by_args = {(r["name"], r["args"][0]): r for r in recorded}
+    assert by_args[("proj.limited", 2)]["headers"]["x-trace"] == "t2"
+    assert by_args[("proj.limited", 1)]["headers"]["x-trace"] == "t1"
+    assert ("proj.collect", 2) in by_args, "the link ran after the deferral"
+    assert ("proj.collect", 3) in by_args, "the chain went on after the deferral"
+    assert sum(r["deferrals"] for r in recorded) >= 2, "tasks were deferred (queue kept)"
+    assert all(r["retries"] == 0 for r in recorded)
+
+
+def test_chord_completes_after_deferrals(celery_app: Celery, worker: Any, redis_url: str) -> None:
+    limited, collect = celery_app.tasks["proj.limited"], celery_app.tasks["proj.collect"]
+    result = chord(group(limited.s(i) for i in range(5)), collect.s())()
+    assert sorted(result.get(timeout=20)) == list(range(5))
+    recorded = runs(redis_url)
+    assert sum(r["deferrals"] for r in recorded if r["name"] == "proj.limited") >= 4
+    assert [r["name"] for r in recorded].count("proj.collect") == 1
+
+
+def test_cost_that_can_never_fit_fails_at_once(celery_app: Celery, worker: Any) -> None:
+    result = celery_app.tasks["proj.costly"].delay(3)  # capacity 2
+    with pytest.raises(Exception, match="can never run") as info:
+        result.get(timeout=20)
+    assert type(info.value).__name__ == "CostTooHighError"
+    assert celery_app.tasks["proj.costly"].delay(2).get(timeout=20) == 2
+
+
+def test_retries_untouched_and_on_retry_not_called(celery_app: Celery, redis_url: str) -> None:
+    calls: list[str] = []
+    limited = celery_app.tasks["proj.limited"]
+    limited.on_retry = lambda *a: calls.append("on_retry")
+    with start_worker(celery_app, pool="threads", concurrency=2, perform_ping_check=False):
+        results = [limited.delay(i) for i in range(4)]
+        assert [r.get(timeout=20) for r in results] == [0, 1, 2, 3]
+    assert calls == []
+    assert {r["retries"] for r in runs(redis_url)} == {0}
+
+
+def test_direct_calls_and_eager_mode_are_not_throttled(celery_app: Celery) -> None:
+    limited = celery_app.tasks["proj.limited"]
+    assert [limited(i) for i in range(5)] == list(range(5))
+    assert [limited.apply((i,)).get() for i in range(5)] == list(range(5))
+
+
+def test_per_customer_keys_are_separate_funnels(
+    celery_app: Celery, worker: Any, redis_url: str
+) -> None:
+    task = celery_app.tasks["proj.per_customer"]
+    results = [task.delay(customer, i) for i, customer in enumerate(["a", "b", "c"])]
+    assert [r.get(timeout=20) for r in results] == [0, 1, 2]
+    assert all(r["deferrals"] == 0 for r in runs(redis_url)), "one task per funnel: no waiting"
+
+
+def test_worker_gate_limits_plain_tasks(redis_url: str, redis_client: redis.Redis) -> None:
+    redis_client.flushall()
+    app = make_app(redis_url, redis_url, funnel_limits={"proj.plain": "10/s"})
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        results = [app.tasks["proj.plain"].delay(i) for i in range(6)]
+        assert sorted(r.get(timeout=20) for r in results) == list(range(6))
+        other = app.tasks["proj.collect"].delay(7)
+        assert other.get(timeout=20) == 7
+    starts = sorted(r["at"] for r in runs(redis_url) if r["name"] == "proj.plain")
+    assert starts[-1] - starts[0] >= 0.45  # 6 starts at 10/s, capacity 1
+    gc.collect()
+    app.close()
+
+
+def test_bad_settings_stop_the_worker_at_start(redis_url: str) -> None:
+    app = make_app(redis_url, redis_url, funnel_limits={"proj.plain": "ten per second"})
+    with (
+        pytest.raises(Exception, match="ten per second"),
+        start_worker(app, pool="threads", perform_ping_check=False),
+    ):
+        pass
+    app.close()

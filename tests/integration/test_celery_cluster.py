@@ -1,0 +1,58 @@
+"""The shared limit across several real ``celery worker`` processes on a real Redis
+broker: nothing lost, nothing run twice, never more than the funnel allows."""
+
+from __future__ import annotations
+
+import gc
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from celery_funnel._embedded import CeleryWorkers
+from tests.integration.proj import make_app, runs
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def max_in_window(starts: list[float], window: float = 1.0) -> int:
+    """The most starts in any ``window`` seconds."""
+    starts = sorted(starts)
+    best, first = 0, 0
+    for last, at in enumerate(starts):
+        while at - starts[first] >= window:
+            first += 1
+        best = max(best, last - first + 1)
+    return best
+
+
+@pytest.fixture
+def cluster_env(redis_url: str, redis_client: redis.Redis) -> dict[str, str]:
+    redis_client.flushall()
+    return {"FUNNEL_TEST_BROKER": redis_url, "FUNNEL_TEST_REDIS": redis_url}
+
+
+@pytest.mark.parametrize(
+    ("task", "limits"),
+    [("proj.limited", None), ("proj.plain", {"proj.plain": "10/s"})],
+    ids=["FunnelTask", "funnel_limits"],
+)
+def test_two_workers_share_one_funnel(
+    cluster_env: dict[str, str], redis_url: str, task: str, limits: Any
+) -> None:
+    env = dict(cluster_env)
+    if limits:
+        env["FUNNEL_TEST_LIMITS"] = json.dumps(limits)
+    app = make_app(redis_url, redis_url, funnel_limits=limits or {})
+    with CeleryWorkers("tests.integration.proj", 2, env, "-c", "2", "-Q", "proj", cwd=ROOT):
+        results = [app.tasks[task].delay(i) for i in range(20)]
+        assert sorted(r.get(timeout=60) for r in results) == list(range(20))
+    recorded = [r for r in runs(redis_url) if r["name"] == task]
+    assert sorted(r["args"][0] for r in recorded) == list(range(20)), "each ran exactly once"
+    assert len({r["worker"] for r in recorded}) == 2, "both workers took part"
+    assert max_in_window([r["at"] for r in recorded]) <= 11  # 10/s, capacity 1
+    gc.collect()
+    app.close()
