@@ -107,11 +107,13 @@ class Limit:
             return Verdict(run=True)
         rate = self.rate
         if self.strategy == "gcra":
-            if ticket is None:
+            if ticket is None or not redeem:
+                # First arrivals try the cheaper plain decision (most are admitted) and
+                # book a slot only when refused.
                 d = funnel.throttle(key, self.capacity - 1, rate.count, rate.period, cost)
-                return Verdict(
-                    d.allowed, max(d.retry_after, 0.0), never=d.retry_after < 0 and d.limited
-                )
+                never = d.limited and d.retry_after < 0
+                if d.allowed or never or ticket is None:
+                    return Verdict(d.allowed, max(d.retry_after, 0.0), never=never)
             r = funnel.reserve(
                 key, self.capacity - 1, rate.count, rate.period, cost,
                 ticket=ticket, redeem=redeem, late=late,

@@ -11,6 +11,7 @@ import pytest
 import redis
 from celery import Celery, chain, chord, group
 from celery.contrib.testing.worker import start_worker
+from celery.result import _set_task_join_will_block
 
 from tests.integration.proj import make_app, runs
 
@@ -146,9 +147,14 @@ def test_worker_gate_limits_plain_tasks(redis_url: str, redis_client: redis.Redi
 
 def test_bad_settings_stop_the_worker_at_start(redis_url: str) -> None:
     app = make_app(redis_url, redis_url, funnel_limits={"proj.plain": "ten per second"})
-    with (
-        pytest.raises(Exception, match="ten per second"),
-        start_worker(app, pool="threads", perform_ping_check=False),
-    ):
-        pass
-    app.close()
+    try:
+        with (
+            pytest.raises(Exception, match="ten per second"),
+            start_worker(app, pool="threads", perform_ping_check=False),
+        ):
+            pass
+    finally:
+        # start_worker leaves Celery's "inside a worker" flag set when the worker
+        # fails to start; later result.get() calls in this process would refuse.
+        _set_task_join_will_block(False)
+        app.close()

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""The Celery layer on real workers: shared-limit accuracy, re-queues, and overhead.
+
+1. Accuracy: 2 worker processes (prefork, concurrency 2) on a private Redis broker,
+   40 tasks through one 10/s funnel of capacity 1, with reservation on and off, and the
+   same load on a plain task limited by ``funnel_limits``: tasks lost, run twice,
+   admitted rate, the most starts in any one second, re-queues per deferred task.
+2. Overhead: never-limited FunnelTask no-ops against plain no-ops on the same worker
+   and broker, in alternating rounds of one run; tasks per second and their ratio.
+
+    python bench/celery.py [--tasks 40] [--noops 1000] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Run as a script, this file's folder comes first on sys.path, where this very file
+# would shadow the celery package.
+HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
+
+import argparse
+import json
+import statistics
+import time
+from typing import Any
+
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from celery_funnel._embedded import CeleryWorkers, RedisServer
+from tests.integration.proj import make_app, runs
+
+
+def max_in_window(starts: list[float], window: float = 1.0) -> int:
+    starts, best, first = sorted(starts), 0, 0
+    for last, at in enumerate(starts):
+        while at - starts[first] >= window:
+            first += 1
+        best = max(best, last - first + 1)
+    return best
+
+
+def accuracy(url: str, task: str, count: int, reservation: bool, limits: Any) -> dict[str, Any]:
+    client = redis.Redis.from_url(url)
+    client.flushall()
+    env = {"FUNNEL_TEST_BROKER": url, "FUNNEL_TEST_REDIS": url,
+           "FUNNEL_TEST_RESERVATION": "1" if reservation else "0"}  # fmt: skip
+    if limits:
+        env["FUNNEL_TEST_LIMITS"] = json.dumps(limits)
+    app = make_app(url, url, funnel_limits=limits or {})
+    with CeleryWorkers("tests.integration.proj", 2, env, "-c", "2", "-Q", "proj", cwd=str(ROOT)):
+        results = [app.tasks[task].delay(i) for i in range(count)]
+        for result in results:
+            result.get(timeout=120)
+        time.sleep(0.5)  # let any duplicate delivery show up
+    recorded = [r for r in runs(url) if r["name"] == task]
+    app.close()
+    starts = sorted(r["at"] for r in recorded)
+    ids = {r["id"] for r in recorded}
+    deferred = [r for r in recorded if r["deferrals"]]
+    requeues = sum(r["deferrals"] for r in recorded)
+    if limits:  # the worker gate holds tasks in the worker: count its bookings instead
+        deferred, requeues = [], 0
+    return {
+        "lost": count - len(ids),
+        "twice": len(recorded) - len(ids),
+        "rate": (len(starts) - 1) / (starts[-1] - starts[0]),
+        "peak": max_in_window(starts),
+        "deferred": len(deferred),
+        "requeues": requeues,
+    }
+
+
+def throughput(url: str, noops: int, rounds: int) -> dict[str, float]:
+    client = redis.Redis.from_url(url)
+    client.flushall()
+    env = {"FUNNEL_TEST_BROKER": url, "FUNNEL_TEST_REDIS": url}
+    app = make_app(url, url)
+    rates: dict[str, list[float]] = {"proj.noop_plain": [], "proj.noop_funnel": []}
+    with CeleryWorkers("tests.integration.proj", 1, env, "-c", "2", "-Q", "proj", cwd=str(ROOT)):
+        for name in rates:  # warm up both paths
+            for r in [app.tasks[name].delay() for _ in range(50)]:
+                r.get(timeout=60)
+        for _ in range(rounds):
+            for name, samples in rates.items():
+                start = time.perf_counter()
+                for r in [app.tasks[name].delay() for _ in range(noops)]:
+                    r.get(timeout=120)
+                samples.append(noops / (time.perf_counter() - start))
+    app.close()
+    plain = statistics.median(rates["proj.noop_plain"])
+    funnel = statistics.median(rates["proj.noop_funnel"])
+    return {"plain": plain, "funnel": funnel, "ratio": funnel / plain}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="celery-funnel on real workers")
+    parser.add_argument("--tasks", type=int, default=40)
+    parser.add_argument("--noops", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    with RedisServer() as server:
+        rows = {
+            "FunnelTask, reservation on": accuracy(
+                server.url, "proj.limited", args.tasks, True, None
+            ),
+            "FunnelTask, reservation off": accuracy(
+                server.url, "proj.limited", args.tasks, False, None
+            ),
+            "plain task, funnel_limits": accuracy(
+                server.url, "proj.plain", args.tasks, True, {"proj.plain": "10/s"}
+            ),
+        }
+        print(
+            f"{args.tasks} tasks, one 10/s funnel of capacity 1, 2 workers x concurrency 2,"
+            f" Redis {server.version} broker and funnel\n"
+        )
+        print(
+            "| run | lost | run twice | admitted/s | most starts in 1 s | deferred | re-queues | re-queues per deferred |"
+        )
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for name, r in rows.items():
+            per = (
+                f"{r['requeues'] / r['deferred']:.2f}" if r["deferred"] else "n/a (held in worker)"
+            )
+            print(
+                f"| {name} | {r['lost']} | {r['twice']} | {r['rate']:.2f} | {r['peak']}"
+                f" | {r['deferred']} | {r['requeues']} | {per} |"
+            )
+        t = throughput(server.url, args.noops, args.rounds)
+        print(
+            f"\nNever-limited no-ops, 1 worker (prefork, concurrency 2), median of {args.rounds}"
+            f" rounds of {args.noops}:\n"
+        )
+        print("| task | tasks/s |\n| --- | ---: |")
+        print(f"| plain | {t['plain']:.0f} |\n| FunnelTask | {t['funnel']:.0f} |")
+        print(f"\nFunnelTask / plain = {t['ratio']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
