@@ -56,58 +56,44 @@ def make_app(broker_url: str, funnel_url: str, **conf: Any) -> Celery:
             ),
         )
 
-    @app.task(shared=False, bind=True, base=FunnelTask, funnel_rate="10/s", name="proj.limited")
+    def task(name: str, **options: Any) -> Any:
+        """A task of this app only (tests make several apps with the same names)."""
+        return app.task(shared=False, name=name, **options)
+
+    def funnel_task(name: str, **options: Any) -> Any:
+        return task(name, bind=True, base=FunnelTask, funnel_rate="10/s", **options)
+
+    @funnel_task("proj.limited")
     def limited(self: Any, n: int = 0) -> int:
         record(self, n)
         return n
 
-    @app.task(
-        shared=False,
-        bind=True,
-        base=FunnelTask,
-        funnel_rate="10/s",
-        funnel_key="{customer}",
-        name="proj.per_customer",
-    )
+    @funnel_task("proj.per_customer", funnel_key="{customer}")
     def per_customer(self: Any, customer: str, n: int = 0) -> int:
         record(self, customer, n)
         return n
 
-    @app.task(
-        shared=False,
-        bind=True,
-        base=FunnelTask,
-        funnel_rate="10/s",
-        funnel_capacity=2,
-        funnel_cost=lambda n: n,
-        name="proj.costly",
-    )
+    @funnel_task("proj.costly", funnel_capacity=2, funnel_cost=lambda n: n)
     def costly(self: Any, n: int) -> int:
         record(self, n)
         return n
 
-    @app.task(shared=False, bind=True, name="proj.plain")
+    @task("proj.plain", bind=True)
     def plain(self: Any, n: int = 0) -> int:
         record(self, n)
         return n
 
-    @app.task(shared=False, bind=True, name="proj.collect")
+    @task("proj.collect", bind=True)
     def collect(self: Any, values: Any) -> Any:
         record(self, values)
         return values
 
-    @app.task(
-        shared=False,
-        bind=True,
-        base=FunnelTask,
-        funnel_rate="1000000/s",
-        funnel_capacity=1000,
-        name="proj.noop_funnel",
-    )
-    def noop_funnel(self: Any) -> None:
+    # the overhead benchmark's pair: alike but for the never-limiting funnel
+    @task("proj.noop_funnel", base=FunnelTask, funnel_rate="1000000/s", funnel_capacity=1000)
+    def noop_funnel() -> None:
         return None
 
-    @app.task(shared=False, name="proj.noop_plain")
+    @task("proj.noop_plain")
     def noop_plain() -> None:
         return None
 
