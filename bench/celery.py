@@ -6,9 +6,10 @@
    same load on a plain task limited by ``funnel_limits``: tasks lost, run twice,
    admitted rate, the most starts in any one second, re-queues per deferred task.
 2. Overhead: never-limited FunnelTask no-ops against plain no-ops on the same worker
-   and broker, in alternating rounds of one run; tasks per second and their ratio.
+   and broker (prefork and solo pools), in alternating rounds of one run; tasks per
+   second and the median ratio of neighbouring rounds.
 
-    python bench/celery.py [--tasks 40] [--noops 1000] [--rounds 3]
+    python bench/celery.py [--tasks 40] [--noops 300] [--rounds 10]
 """
 
 from __future__ import annotations
@@ -76,33 +77,44 @@ def accuracy(url: str, task: str, count: int, reservation: bool, limits: Any) ->
     }
 
 
-def throughput(url: str, noops: int, rounds: int) -> dict[str, float]:
+def throughput(url: str, noops: int, rounds: int, pool: str) -> dict[str, float]:
+    """Alternating rounds of plain and FunnelTask no-ops on one worker; each FunnelTask
+    round is compared with the plain round beside it, so that drift on a shared machine
+    cancels out. Returns medians of tasks/s and of the paired ratios."""
     client = redis.Redis.from_url(url)
     client.flushall()
     env = {"FUNNEL_TEST_BROKER": url, "FUNNEL_TEST_REDIS": url}
     app = make_app(url, url)
-    rates: dict[str, list[float]] = {"proj.noop_plain": [], "proj.noop_funnel": []}
-    with CeleryWorkers("tests.integration.proj", 1, env, "-c", "2", "-Q", "proj", cwd=str(ROOT)):
-        for name in rates:  # warm up both paths
+    names = ("proj.noop_plain", "proj.noop_funnel")
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    options = ["-P", pool, "-Q", "proj", *(["-c", "2"] if pool == "prefork" else [])]
+    with CeleryWorkers("tests.integration.proj", 1, env, *options, cwd=str(ROOT)):
+        for name in names:  # warm up both paths
             for r in [app.tasks[name].delay() for _ in range(50)]:
                 r.get(timeout=60)
-        for _ in range(rounds):
-            for name, samples in rates.items():
+        for number in range(rounds):
+            # alternate which goes first, so neither always follows the other
+            for name in names if number % 2 == 0 else names[::-1]:
                 start = time.perf_counter()
                 for r in [app.tasks[name].delay() for _ in range(noops)]:
                     r.get(timeout=120)
-                samples.append(noops / (time.perf_counter() - start))
+                rates[name].append(noops / (time.perf_counter() - start))
     app.close()
-    plain = statistics.median(rates["proj.noop_plain"])
-    funnel = statistics.median(rates["proj.noop_funnel"])
-    return {"plain": plain, "funnel": funnel, "ratio": funnel / plain}
+    pairs = [f / p for p, f in zip(rates[names[0]], rates[names[1]], strict=True)]
+    return {
+        "plain": statistics.median(rates[names[0]]),
+        "funnel": statistics.median(rates[names[1]]),
+        "ratio": statistics.median(pairs),
+        "low": min(pairs),
+        "high": max(pairs),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="celery-funnel on real workers")
     parser.add_argument("--tasks", type=int, default=40)
-    parser.add_argument("--noops", type=int, default=1000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--noops", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
     with RedisServer() as server:
         rows = {
@@ -132,14 +144,18 @@ def main() -> None:
                 f"| {name} | {r['lost']} | {r['twice']} | {r['rate']:.2f} | {r['peak']}"
                 f" | {r['deferred']} | {r['requeues']} | {per} |"
             )
-        t = throughput(server.url, args.noops, args.rounds)
         print(
-            f"\nNever-limited no-ops, 1 worker (prefork, concurrency 2), median of {args.rounds}"
-            f" rounds of {args.noops}:\n"
+            f"\nNever-limited no-ops on 1 worker, {args.rounds} alternating rounds of"
+            f" {args.noops} each (median of paired ratios, range in brackets):\n"
         )
-        print("| task | tasks/s |\n| --- | ---: |")
-        print(f"| plain | {t['plain']:.0f} |\n| FunnelTask | {t['funnel']:.0f} |")
-        print(f"\nFunnelTask / plain = {t['ratio']:.3f}")
+        print("| pool | plain tasks/s | FunnelTask tasks/s | FunnelTask / plain |")
+        print("| --- | ---: | ---: | ---: |")
+        for pool in ("prefork", "solo"):
+            t = throughput(server.url, args.noops, args.rounds, pool)
+            print(
+                f"| {pool} | {t['plain']:.0f} | {t['funnel']:.0f} |"
+                f" {t['ratio']:.3f} [{t['low']:.2f}-{t['high']:.2f}] |"
+            )
 
 
 if __name__ == "__main__":
