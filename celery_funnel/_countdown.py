@@ -20,18 +20,24 @@ SAFETY = 0.5  # use at most half of the broker's limit
 @dataclass(frozen=True)
 class CountdownPolicy:
     """``cap``: the longest countdown to publish (longer waits re-queue at the cap and
-    check again); ``whole_seconds``: round countdowns up to whole seconds >= 1."""
+    check again); ``whole_seconds``: the broker delays by whole seconds only (quorum
+    queues), so countdowns are rounded down and the last second is waited in place."""
 
     cap: float
     whole_seconds: bool = False
 
     def countdown(self, delay: float) -> float:
-        """The countdown to publish for a wait of ``delay`` seconds."""
+        """The countdown to publish for a wait of ``delay`` seconds (whole seconds >= 1
+        rounded down, when the broker needs them: the task arrives early, never late)."""
         countdown = min(max(delay, 0.0), self.cap)
         if self.whole_seconds:
-            # rounding up is safe: a ticket is honoured until late after its slot
-            return float(max(1, math.ceil(countdown)))
+            return float(max(1, math.floor(countdown)))
         return countdown
+
+    def waits_in_place(self, delay: float) -> bool:
+        """Whether ``delay`` is too short to publish (under one second on a broker that
+        delays by whole seconds): the task then waits in place, at most one second."""
+        return self.whole_seconds and delay < 1.0
 
 
 def _uses_quorum_queues(conf: Any) -> bool:

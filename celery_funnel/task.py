@@ -114,9 +114,18 @@ class FunnelTask(Task):  # type: ignore[misc]
                     f"task {self.name}[{task_id}] costs {cost} units but funnel {key!r} holds"
                     f" {limit.capacity}: it can never run"
                 )
-            if not request.is_eager:
+            if not request.is_eager and not runtime.countdowns.waits_in_place(verdict.delay):
                 self._funnel_defer(runtime, args, kwargs, verdict)
-            time.sleep(verdict.delay)  # eager mode, throttled on purpose: wait in place
+            # eager mode (throttled on purpose), or under a second on a broker that
+            # delays by whole seconds only: wait in place, then redeem the slot
+            time.sleep(verdict.delay)
+            if verdict.booked:
+                self.request.headers = {
+                    **(self.request.headers or {}),
+                    HEADER: Deferral(
+                        Deferral.from_headers(request.headers).deferrals, True, 0
+                    ).header(),
+                }
 
     def _funnel_limit(self) -> Limit | None:
         if "_funnel_limit_cache" not in self.__dict__:
@@ -139,8 +148,6 @@ class FunnelTask(Task):  # type: ignore[misc]
         late = None
         if ticket is not None:
             late = limit.rate.period / limit.rate.count * max(cost, 1) * 2**state.stale
-            if runtime.countdowns.whole_seconds:
-                late = max(late, 1.0)  # countdowns are rounded up to whole seconds
         verdict = limit.check(
             runtime.funnel, key, cost, ticket=ticket, redeem=state.booked, late=late
         )

@@ -15,17 +15,29 @@ from typing import Any
 
 import redis
 from celery import Celery
+from kombu.entity import Exchange, Queue
 
 from celery_funnel import FunnelTask, install
 
 RUNS = "runs"
 
 
-def make_app(broker_url: str, funnel_url: str, **conf: Any) -> Celery:
+def make_app(
+    broker_url: str, funnel_url: str, queue: str = "proj", quorum: bool = False, **conf: Any
+) -> Celery:
     app = Celery("proj", broker=broker_url, backend=funnel_url.rsplit("/", 1)[0] + "/1")
+    if quorum:
+        # native delayed delivery needs a topic exchange
+        exchange = Exchange(queue, type="topic")
+        conf["task_queues"] = [
+            Queue(queue, exchange, routing_key=queue, queue_arguments={"x-queue-type": "quorum"})
+        ]
+        conf["task_default_exchange"], conf["task_default_exchange_type"] = queue, "topic"
+        conf["task_default_routing_key"] = queue
+        conf["broker_transport_options"] = {"confirm_publish": True}
     app.conf.update(
         funnel_redis_url=funnel_url,
-        task_default_queue="proj",
+        task_default_queue=queue,
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
         result_expires=600,
@@ -111,6 +123,8 @@ if os.environ.get("FUNNEL_TEST_BROKER"):
     app = make_app(
         os.environ["FUNNEL_TEST_BROKER"],
         os.environ["FUNNEL_TEST_REDIS"],
+        queue=os.environ.get("FUNNEL_TEST_QUEUE", "proj"),
+        quorum=os.environ.get("FUNNEL_TEST_QUORUM") == "1",
         funnel_limits=json.loads(limits) if limits else {},
         funnel_reservation=os.environ.get("FUNNEL_TEST_RESERVATION", "1") == "1",
     )
