@@ -85,6 +85,11 @@ def make_app(
         record(self, customer, n)
         return n
 
+    @funnel_task("proj.slow", funnel_rate="1/2s")
+    def slow(self: Any, n: int = 0) -> int:
+        record(self, n)
+        return n
+
     @funnel_task("proj.costly", funnel_capacity=2, funnel_cost=lambda n: n)
     def costly(self: Any, n: int) -> int:
         record(self, n)

@@ -158,3 +158,19 @@ def test_bad_settings_stop_the_worker_at_start(redis_url: str) -> None:
         # fails to start; later result.get() calls in this process would refuse.
         _set_task_join_will_block(False)
         app.close()
+
+
+def test_waits_longer_than_the_cap_requeue_at_the_cap_and_keep_their_slot(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    redis_client.flushall()
+    app = make_app(redis_url, redis_url, funnel_max_countdown=0.5)
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        results = [app.tasks["proj.slow"].delay(i) for i in range(2)]  # 1 per 2 s
+        assert sorted(r.get(timeout=20) for r in results) == [0, 1]
+    first, second = sorted(runs(redis_url), key=lambda r: r["at"])
+    assert second["at"] - first["at"] >= 1.9
+    assert second["deferrals"] >= 4  # 2 s in countdowns of at most 0.5 s
+    assert first["deferrals"] == 0
+    gc.collect()
+    app.close()
