@@ -73,7 +73,7 @@ def make_app(
         return app.task(shared=False, name=name, **options)
 
     def funnel_task(name: str, **options: Any) -> Any:
-        return task(name, bind=True, base=FunnelTask, funnel_rate="10/s", **options)
+        return task(name, bind=True, base=FunnelTask, **{"funnel_rate": "10/s", **options})
 
     @funnel_task("proj.limited")
     def limited(self: Any, n: int = 0) -> int:
