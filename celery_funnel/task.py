@@ -127,6 +127,42 @@ class FunnelTask(Task):  # type: ignore[misc]
                     ).header(),
                 }
 
+    def funnel_backoff(self, seconds: float) -> None:
+        """The upstream refused this task (an HTTP 429 with Retry-After, say): hold the
+        task's funnel for ``seconds`` for every worker, and defer this task until then.
+
+        Call it from the task body; it does not return (it ends the run with
+        ``Ignore``, the task being published again). Needs the ``"gcra"`` strategy.
+
+        Raises:
+            ConfigurationError: when the task has no GCRA funnel.
+        """
+        request = self.request
+        limit = self._funnel_limit()
+        if limit is None or limit.strategy != "gcra":
+            raise ConfigurationError(
+                f"funnel_backoff needs a GCRA funnel on task {self.name!r}"
+                f" (funnel_rate set, funnel_strategy 'gcra')"
+            )
+        runtime = runtime_for(self.app)
+        args, kwargs = request.args or (), request.kwargs or {}
+        rate = limit.rate
+        runtime.funnel.hold(
+            self._funnel_key(runtime, limit, args, kwargs), limit.capacity - 1,
+            rate.count, rate.period, seconds,
+        )  # fmt: skip
+        # the hold voided every booking, this task's too: it books afresh on return
+        self._funnel_defer(runtime, args, kwargs, Verdict(run=False, delay=seconds))
+
+    def _funnel_key(
+        self, runtime: Runtime, limit: Limit, args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> str:
+        if "_funnel_key_base" not in self.__dict__:
+            self.__dict__["_funnel_key_base"] = safe_part(self.name)
+        return runtime.key(
+            self.__dict__["_funnel_key_base"], limit.key_part(self.run, args, kwargs)
+        )
+
     def _funnel_limit(self) -> Limit | None:
         if "_funnel_limit_cache" not in self.__dict__:
             self.__dict__["_funnel_limit_cache"] = limit_of(self)
@@ -141,7 +177,7 @@ class FunnelTask(Task):  # type: ignore[misc]
         args: Sequence[Any],
         kwargs: Mapping[str, Any],
     ) -> tuple[Verdict, int, str]:
-        key = runtime.key(safe_part(self.name), limit.key_part(self.run, args, kwargs))
+        key = self._funnel_key(runtime, limit, args, kwargs)
         cost = limit.cost_of(args, kwargs)
         state = Deferral.from_headers(self.request.headers)
         ticket = task_id if runtime.settings.reservation and limit.strategy == "gcra" else None

@@ -160,3 +160,21 @@ TABLES: dict[str, list[Step]] = {
     "reservation": RESERVATION,
     "reservation-edges": RESERVATION_EDGES,
 }
+
+
+# hold: limit 2, T = 0.5 s, tau = 1 s. A hold row's answer is the seconds until idle.
+def _hold_shape(**extra: Any) -> dict[str, Any]:
+    return {"max_burst": 1, "count": 2, "period": 1, **extra}
+
+
+HOLD: list[Step] = [
+    (0, "throttle", _hold_shape(quantity=1), (False, 2, 1, -1.0, 0.5, 1)),
+    (0, "hold", _hold_shape(seconds=3), (3.5,)),  # next unit fits at 3: TAT 3 + tau - T
+    (2.999999, "throttle", _hold_shape(quantity=1), (True, 2, 0, 0.000001, 0.500001, 0)),
+    (3, "throttle", _hold_shape(quantity=1), (False, 2, 0, -1.0, 1.0, 1)),
+    (3, "reserve", _hold_shape(ticket="z"), (False, 0.5, True, 2, 1.5, False)),
+    # the booking is voided: the TAT drops back to one full funnel from now
+    (3, "hold", _hold_shape(seconds=0.5), (1.0,)),
+    (3.25, "reserve", _hold_shape(ticket="z", redeem=True), (False, 0.25, True, 2, 1.25, False)),
+]
+TABLES["hold"] = HOLD

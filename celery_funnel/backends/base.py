@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from .._decision import Decision, Reservation
 from .._scripts import Arg, Reply, Script
-from ..strategies import fixed_window, gcra, reservation, sliding_log, sliding_window
+from ..strategies import fixed_window, gcra, hold, reservation, sliding_log, sliding_window
 
 
 class Funnel(ABC):
@@ -99,6 +99,22 @@ class Funnel(ABC):
             late=late,
             now=now,
         )
+
+    def hold(
+        self,
+        key: str,
+        max_burst: int,
+        count: int,
+        period: float,
+        seconds: float,
+        *,
+        now: float | None = None,
+    ) -> float:
+        """Admit nothing on GCRA funnel ``key`` until ``seconds`` from now, for every
+        caller: the next unit fits exactly then. Booked tickets are voided (their
+        holders book again). For an upstream's 429 with Retry-After. Returns the seconds
+        until the funnel is idle again."""
+        return hold.hold(self._eval, key, max_burst, count, period, seconds, now)
 
     def fixed_window(
         self,

@@ -90,6 +90,15 @@ def make_app(
         record(self, n)
         return n
 
+    @funnel_task("proj.upstream", funnel_rate="100/s", funnel_capacity=5)
+    def upstream(self: Any, n: int = 0) -> int:
+        # the first run of task 0 meets a 429 with Retry-After: 1
+        deferrals = (self.request.headers or {}).get("celery_funnel", {}).get("deferrals", 0)
+        if n == 0 and not deferrals:
+            self.funnel_backoff(1.0)
+        record(self, n)
+        return n
+
     @funnel_task("proj.costly", funnel_capacity=2, funnel_cost=lambda n: n)
     def costly(self: Any, n: int) -> int:
         record(self, n)

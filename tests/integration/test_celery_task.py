@@ -174,3 +174,18 @@ def test_waits_longer_than_the_cap_requeue_at_the_cap_and_keep_their_slot(
     assert first["deferrals"] == 0
     gc.collect()
     app.close()
+
+
+def test_an_upstream_429_holds_the_funnel_for_every_task(
+    celery_app: Celery, worker: Any, redis_url: str, redis_client: redis.Redis
+) -> None:
+    upstream = celery_app.tasks["proj.upstream"]  # 100/s, capacity 5
+    first = upstream.delay(0)  # meets a 429, Retry-After 1 s
+    # admissions alone keep the key <= 50 ms; the hold makes it ~1 s
+    wait_for(lambda: redis_client.pttl("funnel:proj.upstream") > 500)
+    held_at = time.time()
+    later = [upstream.delay(i) for i in range(1, 4)]
+    assert [r.get(timeout=20) for r in [first, *later]] == [0, 1, 2, 3]
+    starts = {r["args"][0]: r["at"] for r in runs(redis_url)}
+    assert min(starts.values()) >= held_at + 0.8  # nothing ran during the hold
+    assert len(starts) == 4

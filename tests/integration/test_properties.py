@@ -97,7 +97,9 @@ def test_retry_after_is_exact(funnel: Funnel, limiter: str, history: list[tuple[
 
 operations = st.lists(
     st.tuples(
-        st.sampled_from(["throttle", "reserve", "redeem", "fixed", "partial", "log", "window"]),
+        st.sampled_from(
+            ["throttle", "reserve", "redeem", "hold", "fixed", "partial", "log", "window"]
+        ),
         near_boundaries,
         st.sampled_from([None, None, -1, 0]),  # or: jump to the last retry_after (-1 us)
         st.integers(0, 6),
@@ -114,6 +116,8 @@ def apply(funnel: Funnel, key: str, op: str, now: float, q: int, ticket: str) ->
     if op in ("reserve", "redeem"):
         redeem = op == "redeem"
         return tuple(funnel.reserve(key, 2, 5, 1, max(q, 1), ticket=ticket, redeem=redeem, now=now))
+    if op == "hold":
+        return (funnel.hold(key, 2, 5, 1, (q + 1) * 0.1, now=now),)
     if op in ("fixed", "partial"):
         return tuple(funnel.fixed_window(key, 5, 1, q, partial=op == "partial", now=now))
     if op == "log":
@@ -122,7 +126,13 @@ def apply(funnel: Funnel, key: str, op: str, now: float, q: int, ticket: str) ->
 
 
 # operations that share one funnel key
-FAMILY = {"reserve": "gcra", "redeem": "gcra", "throttle": "gcra", "partial": "fixed"}
+FAMILY = {
+    "reserve": "gcra",
+    "redeem": "gcra",
+    "throttle": "gcra",
+    "hold": "gcra",
+    "partial": "fixed",
+}
 
 
 @pytest.mark.redis
@@ -138,7 +148,7 @@ def test_lua_scripts_and_python_twins_agree(
         key = f"{base}:{FAMILY.get(op, op)}"
         expected = apply(memory, key, op, at(clock), quantity, ticket)
         assert apply(redis_funnel, key, op, at(clock), quantity, ticket) == expected, op
-        retry_us = round(expected[3 if len(expected) == 6 else 1] * US)
+        retry_us = round(expected[{6: 3, 1: 0}.get(len(expected), 1)] * US)
 
 
 def water_level_reference(capacity: int, count: int, period: float) -> Callable[[int, int], bool]:

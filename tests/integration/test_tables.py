@@ -13,7 +13,7 @@ def test_table(funnel: Funnel, key: str, table: str) -> None:
     steps: list[Step] = TABLES[table]
     for number, (offset, method, kwargs, expected) in enumerate(steps):
         answer = getattr(funnel, method)(key, **kwargs, now=T0 + offset)
-        got = tuple(answer)
+        got = tuple(answer) if isinstance(answer, tuple) else (answer,)
         assert got == expected, f"{table} step {number}: {method}({kwargs}) at +{offset}s"
 
 
