@@ -17,8 +17,9 @@ from typing import Any, NamedTuple
 from ._errors import ConfigurationError
 from ._rate import Rate
 from .backends.base import Funnel
+from .strategies.reservation import Shape
 
-__all__ = ["STRATEGIES", "Limit", "Verdict", "parse_limit", "safe_part"]
+__all__ = ["STRATEGIES", "Limit", "Verdict", "check_all", "parse_limit", "safe_part"]
 
 STRATEGIES = ("gcra", "fixed_window", "sliding_window", "sliding_log")
 SCOPES = ("global", "worker")
@@ -126,6 +127,31 @@ class Limit:
         else:
             d = funnel.sliding_window(key, rate.count, rate.period, cost, windows=self.windows)
         return Verdict(d.allowed, max(d.retry_after, 0.0), never=d.limited and d.retry_after < 0)
+
+
+def check_all(
+    funnel: Funnel,
+    limits: Sequence[Limit],
+    keys: Sequence[str],
+    costs: Sequence[int],
+    *,
+    ticket: str | None,
+    redeem: bool,
+    late: float | None,
+) -> Verdict:
+    """Several GCRA limits in one atomic step, all or nothing: a reservation under
+    ``ticket``, else admit-now-or-refuse. The keys must share a hash slot."""
+    shapes = [
+        Shape(key, limit.capacity - 1, limit.rate.count, limit.rate.period, cost)
+        for limit, key, cost in zip(limits, keys, costs, strict=True)
+        if cost > 0
+    ]
+    if not shapes:
+        return Verdict(run=True)
+    r = funnel.reserve_all(
+        shapes, ticket=ticket, redeem=redeem, late=late, max_wait=None if ticket else 0
+    )
+    return Verdict(r.admitted, max(r.delay, 0.0), r.booked, r.never, r.stale)
 
 
 def _choice(where: str, option: str, value: Any, choices: Sequence[str]) -> str:

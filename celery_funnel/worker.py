@@ -18,7 +18,7 @@ from celery import bootsteps
 
 from ._limit import Limit, safe_part
 from ._runtime import Runtime, runtime_for
-from .task import FunnelTask, limit_of
+from .task import FunnelTask, limits_of
 
 __all__ = ["FunnelGate", "WorkerGate"]
 
@@ -93,7 +93,7 @@ def check_tasks(app: Any) -> None:
     """Build every FunnelTask's limit, so that bad options fail at worker start."""
     for task in list(app.tasks.values()):
         if isinstance(task, FunnelTask):
-            limit_of(task)
+            limits_of(task)
 
 
 class FunnelGate(bootsteps.StartStopStep):  # type: ignore[misc]

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from .._decision import Decision, Reservation
 from .._scripts import Arg, Reply, Script
 from ..strategies import fixed_window, gcra, hold, reservation, sliding_log, sliding_window
+from ..strategies.reservation import Shape
 
 
 class Funnel(ABC):
@@ -99,6 +100,28 @@ class Funnel(ABC):
             late=late,
             now=now,
         )
+
+    def reserve_all(
+        self,
+        funnels: Sequence[Shape],
+        *,
+        ticket: str | None = None,
+        redeem: bool = False,
+        max_wait: float | None = None,
+        early: float | None = None,
+        late: float | None = None,
+        now: float | None = None,
+    ) -> Reservation:
+        """``reserve`` across several GCRA funnels at once, all or nothing: the slot is
+        the earliest time at which every funnel admits its ``Shape``'s quantity, and
+        each funnel is charged as if the request arrived then. ``max_wait=0`` admits now
+        or refuses without booking. The keys must share one Redis Cluster hash slot;
+        the tickets live beside the first. ``limit`` in the answer is the first funnel's.
+        """
+        return reservation.reserve_all(
+            self._eval, funnels, ticket=ticket, redeem=redeem, max_wait=max_wait,
+            early=early, late=late, now=now,
+        )  # fmt: skip
 
     def hold(
         self,

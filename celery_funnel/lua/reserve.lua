@@ -1,79 +1,95 @@
--- reserve.lua: book the next free slot of a GCRA funnel, optionally under a ticket.
+-- reserve.lua: book the next slot at which every one of N GCRA funnels admits a
+-- request (all or nothing), optionally under a ticket.
 --
--- KEYS[1]  the funnel: string, TAT in integer microseconds (shared with gcra.lua)
--- KEYS[2]  the funnel's tickets: sorted set, member = ticket id, score = its slot (us);
---          must share KEYS[1]'s hash slot (a common {hash tag})
--- ARGV[1]  emission interval T, microseconds per unit
--- ARGV[2]  tolerance tau = T * limit, microseconds
--- ARGV[3]  quantity, units (>= 1)
--- ARGV[4]  now in microseconds since the epoch, or "" to use the server's TIME
--- ARGV[5]  ticket id to book the slot under, or "" for none
--- ARGV[6]  "1" to redeem ARGV[5] first (the caller holds a booking), else "0"
--- ARGV[7]  early grace, us: a ticket is honoured from slot - early ...
--- ARGV[8]  late grace, us:  ... to slot + late; later, it is dropped (its booking
---          undone if it was the last one) and it books anew
--- ARGV[9]  max wait, us: book no slot further away than this (-1 = no bound)
--- Reply    {status, delay (us), reset_after (us), stale (1 = the ticket came after
---          its window)}; status 0 = admitted now, 1 = a slot is booked (delay until
---          it), 2 = not booked: delay > max wait, 3 = the quantity can never fit
---          (delay -1)
+-- KEYS[1]    the tickets: sorted set, member = ticket id, score = its slot (us)
+-- KEYS[2..]  the funnels: strings, TAT in integer microseconds (shared with gcra.lua);
+--            every key must share one Redis Cluster hash slot (a common {hash tag})
+-- ARGV[1]  now in microseconds since the epoch, or "" to use the server's TIME
+-- ARGV[2]  ticket id to book the slot under, or "" for none
+-- ARGV[3]  "1" to redeem ARGV[2] first (the caller holds a booking), else "0"
+-- ARGV[4]  early grace, us: a ticket is honoured from slot - early ...
+-- ARGV[5]  late grace, us:  ... to slot + late; later, it is dropped (its booking
+--          undone if it was the last one, with one funnel) and it books anew
+-- ARGV[6]  max wait, us: book no slot further away than this (-1 = no bound;
+--          0 = admit now or refuse, never book)
+-- ARGV[7], ARGV[8], ...  per funnel: increment (T * quantity, us), tau (T * limit, us)
+-- Reply    {status, delay (us), reset_after (us, the latest funnel), stale (1 = the
+--          ticket came after its window)}; status 0 = admitted now, 1 = a slot is
+--          booked (delay until it), 2 = not booked: delay > max wait, 3 = the request
+--          can never fit in some funnel (delay -1)
 
-local t = tonumber(ARGV[1])
-local tau = tonumber(ARGV[2])
-local quantity = tonumber(ARGV[3])
-local now = tonumber(ARGV[4])
+local now = tonumber(ARGV[1])
 if not now then
   local clock = redis.call('TIME')
   now = clock[1] * 1000000 + clock[2]
 end
-local ticket = ARGV[5]
-local late = tonumber(ARGV[8])
+local ticket = ARGV[2]
+local late = tonumber(ARGV[5])
+local n = #KEYS - 1
 
-local tat = tonumber(redis.call('GET', KEYS[1])) or now
-if tat < now then
-  tat = now
+local tats, incs, taus = {}, {}, {}
+local slot = now   -- the earliest time at which every funnel admits the request
+local never = false
+local latest = now
+for i = 1, n do
+  local tat = tonumber(redis.call('GET', KEYS[i + 1])) or now
+  if tat < now then
+    tat = now
+  end
+  tats[i], incs[i], taus[i] = tat, tonumber(ARGV[5 + 2 * i]), tonumber(ARGV[6 + 2 * i])
+  if incs[i] > taus[i] then
+    never = true
+  end
+  slot = math.max(slot, tat + incs[i] - taus[i])
+  latest = math.max(latest, tat)
 end
-local stale = 0
 
-if ARGV[6] == '1' then
-  local slot = tonumber(redis.call('ZSCORE', KEYS[2], ticket))
-  if slot then
-    if now < slot - tonumber(ARGV[7]) then
-      return {1, slot - now, tat - now, 0}
+local stale = 0
+if ARGV[3] == '1' then
+  local booked = tonumber(redis.call('ZSCORE', KEYS[1], ticket))
+  if booked then
+    if now < booked - tonumber(ARGV[4]) then
+      return {1, booked - now, latest - now, 0}
     end
-    redis.call('ZREM', KEYS[2], ticket)
+    redis.call('ZREM', KEYS[1], ticket)
     -- the slot was paid for when it was booked; honour it only near its time,
     -- so that tickets released together (say after an outage) cannot burst
-    if now <= slot + late then
-      return {0, 0, tat - now, 0}
+    if now <= booked + late then
+      return {0, 0, latest - now, 0}
     end
     stale = 1
-    -- stale: if it was the last booking (it left the TAT at slot + tau), undo it;
-    -- a slot in the middle of others cannot be given back without bunching them
-    if tat == slot + tau then
-      tat = math.max(tat - t * quantity, now)
+    -- with one funnel, undo the booking if it was the last one (it left the TAT at
+    -- booked + tau); a slot amid later bookings cannot be given back without
+    -- bunching them, and with several funnels the last one cannot be known
+    if n == 1 and tats[1] == booked + taus[1] then
+      tats[1] = math.max(tats[1] - incs[1], now)
+      slot = math.max(now, tats[1] + incs[1] - taus[1])
     end
   end
 end
 
-local increment = t * quantity
-if increment > tau then
-  return {3, -1, tat - now, stale}
+if never then
+  return {3, -1, latest - now, stale}
 end
-local new_tat = tat + increment
-local delay = new_tat - tau - now
-local max_wait = tonumber(ARGV[9])
+local delay = slot - now
+local max_wait = tonumber(ARGV[6])
 if delay > 0 and max_wait >= 0 and delay > max_wait then
-  return {2, delay, tat - now, stale}
+  return {2, delay, latest - now, stale}
 end
-redis.call('SET', KEYS[1], string.format('%.0f', new_tat), 'PX', math.ceil((new_tat - now) / 1000))
+latest = now
+for i = 1, n do
+  -- the request arrives at `slot` in every funnel's virtual schedule
+  local tat = math.max(tats[i], slot) + incs[i]
+  redis.call('SET', KEYS[i + 1], string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000))
+  latest = math.max(latest, tat)
+end
 if delay <= 0 then
-  return {0, 0, new_tat - now, stale}
+  return {0, 0, latest - now, stale}
 end
 if ticket ~= '' then
   -- slots only grow, so this booking outlives every ticket already in the set
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', string.format('(%.0f', now - late))
-  redis.call('ZADD', KEYS[2], string.format('%.0f', new_tat - tau), ticket)
-  redis.call('PEXPIRE', KEYS[2], math.ceil((delay + late) / 1000) + 1)
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('(%.0f', now - late))
+  redis.call('ZADD', KEYS[1], string.format('%.0f', slot), ticket)
+  redis.call('PEXPIRE', KEYS[1], math.ceil((delay + late) / 1000) + 1)
 end
-return {1, delay, new_tat - now, stale}
+return {1, delay, latest - now, stale}

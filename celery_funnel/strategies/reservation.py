@@ -16,6 +16,7 @@ callers widen ``late`` each time a ticket goes stale (the Celery layer doubles i
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from .._decision import Reservation
 from .._errors import ConfigurationError
@@ -32,39 +33,46 @@ DEFAULT_EARLY_SECONDS = 0.05
 
 
 def _twin(store: MemoryStore, keys: Sequence[str], argv: Sequence[Arg]) -> Reply:
-    t, tau, quantity = int(argv[0]), int(argv[1]), int(argv[2])
-    now = parse_now(argv[3], store)
-    ticket, redeem = str(argv[4]), str(argv[5]) == "1"
-    early, late, max_wait = int(argv[6]), int(argv[7]), int(argv[8])
-    stored = store.get(keys[0])
-    tat = max(int(stored) if stored is not None else now, now)
-    stale = 0
+    now = parse_now(argv[0], store)
+    ticket, redeem = str(argv[1]), str(argv[2]) == "1"
+    early, late, max_wait = int(argv[3]), int(argv[4]), int(argv[5])
+    tats, incs, taus = [], [], []
+    for i, key in enumerate(keys[1:]):
+        stored = store.get(key)
+        tats.append(max(int(stored) if stored is not None else now, now))
+        incs.append(int(argv[6 + 2 * i]))
+        taus.append(int(argv[7 + 2 * i]))
+    slot = max([now, *(tat + inc - tau for tat, inc, tau in zip(tats, incs, taus, strict=True))])
+    latest, stale = max([now, *tats]), 0
     if redeem:
-        slot = store.zscore(keys[1], ticket)
-        if slot is not None:
-            if now < slot - early:
-                return [BOOKED, slot - now, tat - now, 0]
-            store.zrem(keys[1], ticket)
-            if now <= slot + late:
-                return [ADMITTED, 0, tat - now, 0]
+        booked = store.zscore(keys[0], ticket)
+        if booked is not None:
+            if now < booked - early:
+                return [BOOKED, booked - now, latest - now, 0]
+            store.zrem(keys[0], ticket)
+            if now <= booked + late:
+                return [ADMITTED, 0, latest - now, 0]
             stale = 1
-            if tat == slot + tau:
-                tat = max(tat - t * quantity, now)
-    increment = t * quantity
-    if increment > tau:
-        return [NEVER, -1, tat - now, stale]
-    new_tat = tat + increment
-    delay = new_tat - tau - now
+            if len(tats) == 1 and tats[0] == booked + taus[0]:
+                tats[0] = max(tats[0] - incs[0], now)
+                slot = max(now, tats[0] + incs[0] - taus[0])
+    if any(inc > tau for inc, tau in zip(incs, taus, strict=True)):
+        return [NEVER, -1, latest - now, stale]
+    delay = slot - now
     if delay > 0 and 0 <= max_wait < delay:
-        return [TOO_FAR, delay, tat - now, stale]
-    store.set_px(keys[0], str(new_tat), -(-(new_tat - now) // 1000))
+        return [TOO_FAR, delay, latest - now, stale]
+    latest = now
+    for key, tat, inc in zip(keys[1:], tats, incs, strict=True):
+        new_tat = max(tat, slot) + inc
+        store.set_px(key, str(new_tat), -(-(new_tat - now) // 1000))
+        latest = max(latest, new_tat)
     if delay <= 0:
-        return [ADMITTED, 0, new_tat - now, stale]
+        return [ADMITTED, 0, latest - now, stale]
     if ticket:
-        store.zremrangebyscore(keys[1], now - late, inclusive=False)
-        store.zadd(keys[1], {ticket: new_tat - tau})
-        store.pexpire(keys[1], -(-(delay + late) // 1000) + 1)
-    return [BOOKED, delay, new_tat - now, stale]
+        store.zremrangebyscore(keys[0], now - late, inclusive=False)
+        store.zadd(keys[0], {ticket: slot})
+        store.pexpire(keys[0], -(-(delay + late) // 1000) + 1)
+    return [BOOKED, delay, latest - now, stale]
 
 
 SCRIPT = Script.load("reserve", _twin)
@@ -76,6 +84,60 @@ def _grace_us(name: str, value: float | None, default_us: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e9:
         raise ConfigurationError(f"{name} must be a non-negative number of seconds, got {value!r}")
     return round(value * US)
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """One funnel of a joint reservation: ``quantity`` units of a GCRA funnel ``key``."""
+
+    key: str
+    max_burst: int
+    count: int
+    period: float
+    quantity: int = 1
+
+
+def reserve_all(
+    run: Eval,
+    funnels: Sequence[Shape],
+    *,
+    ticket: str | None,
+    redeem: bool,
+    max_wait: float | None,
+    early: float | None,
+    late: float | None,
+    now: float | None,
+) -> Reservation:
+    """One joint reservation through ``run``; see ``Funnel.reserve_all``."""
+    if not funnels:
+        raise ConfigurationError("reserve_all needs at least one funnel")
+    if redeem and not ticket:
+        raise ConfigurationError("redeem=True needs a ticket")
+    pairs: list[Arg] = []
+    limit, widest = 0, 0
+    for shape_ in funnels:
+        check_key(shape_.key)
+        check_int("quantity", shape_.quantity, 1)
+        funnel_limit, t, tau = shape(shape_.max_burst, shape_.count, shape_.period)
+        pairs += [t * shape_.quantity, tau]
+        limit, widest = limit or funnel_limit, max(widest, t * shape_.quantity)
+    args: list[Arg] = [
+        clock_arg(now_us(now)), ticket or "", "1" if redeem else "0",
+        _grace_us("early", early, min(widest, round(DEFAULT_EARLY_SECONDS * US))),
+        _grace_us("late", late, widest),
+        -1 if max_wait is None else _grace_us("max_wait", max_wait, -1),
+        *pairs,
+    ]  # fmt: skip
+    keys = [companion_key(funnels[0].key, "tickets"), *(f.key for f in funnels)]
+    status, delay_us, reset_us, stale = run(SCRIPT, keys, args)
+    return Reservation(
+        admitted=status == ADMITTED,
+        delay=seconds(delay_us),
+        booked=status == BOOKED,
+        limit=limit,
+        reset_after=seconds(reset_us),
+        stale=bool(stale),
+    )
 
 
 def reserve(
@@ -94,29 +156,7 @@ def reserve(
     now: float | None,
 ) -> Reservation:
     """One reservation through ``run``; see ``Funnel.reserve``."""
-    check_key(key)
-    check_int("quantity", quantity, 1)
-    if redeem and not ticket:
-        raise ConfigurationError("redeem=True needs a ticket")
-    limit, t, tau = shape(max_burst, count, period)
-    slot_us = t * quantity
-    args: list[Arg] = [
-        t,
-        tau,
-        quantity,
-        clock_arg(now_us(now)),
-        ticket or "",
-        "1" if redeem else "0",
-        _grace_us("early", early, min(slot_us, round(DEFAULT_EARLY_SECONDS * US))),
-        _grace_us("late", late, slot_us),
-        -1 if max_wait is None else _grace_us("max_wait", max_wait, -1),
-    ]
-    status, delay_us, reset_us, stale = run(SCRIPT, (key, companion_key(key, "tickets")), args)
-    return Reservation(
-        admitted=status == ADMITTED,
-        delay=seconds(delay_us),
-        booked=status == BOOKED,
-        limit=limit,
-        reset_after=seconds(reset_us),
-        stale=bool(stale),
-    )
+    return reserve_all(
+        run, [Shape(key, max_burst, count, period, quantity)], ticket=ticket, redeem=redeem,
+        max_wait=max_wait, early=early, late=late, now=now,
+    )  # fmt: skip

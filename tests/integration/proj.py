@@ -99,6 +99,17 @@ def make_app(
         record(self, n)
         return n
 
+    # per customer 5/s, and 4/s over all customers: both at once
+    @funnel_task(
+        "proj.two_limits",
+        funnel_rate="5/s",
+        funnel_key="{customer}",
+        funnel_limits=[{"rate": "4/s", "capacity": 1}],
+    )
+    def two_limits(self: Any, customer: str, n: int = 0) -> int:
+        record(self, customer, n)
+        return n
+
     @funnel_task("proj.costly", funnel_capacity=2, funnel_cost=lambda n: n)
     def costly(self: Any, n: int) -> int:
         record(self, n)

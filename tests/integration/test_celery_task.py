@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -12,6 +13,7 @@ import redis
 from celery import Celery, chain, chord, group
 from celery.contrib.testing.worker import start_worker
 from celery.result import _set_task_join_will_block
+from kombu.asynchronous import set_event_loop
 
 from tests.integration.proj import make_app, runs
 
@@ -154,9 +156,12 @@ def test_bad_settings_stop_the_worker_at_start(redis_url: str) -> None:
         ):
             pass
     finally:
-        # start_worker leaves Celery's "inside a worker" flag set when the worker
-        # fails to start; later result.get() calls in this process would refuse.
+        # A worker that fails to start leaves process-wide state behind: Celery's
+        # "inside a worker" flag (later result.get() calls would refuse) and kombu's
+        # event loop (the next in-process worker would reuse its hub, whose timer
+        # never runs, so ETA tasks would never fire).
         _set_task_join_will_block(False)
+        set_event_loop(None)
         app.close()
 
 
@@ -189,3 +194,18 @@ def test_an_upstream_429_holds_the_funnel_for_every_task(
     starts = {r["args"][0]: r["at"] for r in runs(redis_url)}
     assert min(starts.values()) >= held_at + 0.8  # nothing ran during the hold
     assert len(starts) == 4
+
+
+def test_several_limits_on_one_task_hold_all_at_once(
+    celery_app: Celery, worker: Any, redis_url: str
+) -> None:
+    task = celery_app.tasks["proj.two_limits"]  # per customer 5/s; 4/s over all
+    results = [task.delay(customer, i) for i, customer in enumerate("ababab")]
+    assert sorted(r.get(timeout=30) for r in results) == list(range(6))
+    recorded = runs(redis_url)
+    assert sorted(r["args"][1] for r in recorded) == list(range(6)), "each ran once"
+    starts = sorted(r["at"] for r in recorded)
+    assert starts[-1] - starts[0] >= 1.2  # 6 starts under 4/s, capacity 1
+    for customer in "ab":
+        mine = sorted(r["at"] for r in recorded if r["args"][0] == customer)
+        assert min(b - a for a, b in itertools.pairwise(mine)) >= 0.19  # 5/s each

@@ -105,3 +105,29 @@ def test_key_parts_stay_inside_their_key(value: object) -> None:
     assert "{" not in part
     assert "}" not in part
     assert safe_part(value) == part  # stable
+
+
+def test_several_limits_need_gcra_and_a_list() -> None:
+    from celery_funnel._task_options import limits_of
+
+    class Base:
+        funnel_rate = "5/s"
+        funnel_capacity = 1
+        funnel_strategy = "gcra"
+        funnel_key = None
+        funnel_cost = 1
+
+    class Two(Base):
+        funnel_limits = ({"rate": "100/d"},)
+
+    class Windows(Base):
+        funnel_limits = ({"rate": "100/d", "strategy": "fixed_window"},)
+
+    class NotAList(Base):
+        funnel_limits = "100/d"
+
+    assert [limit.rate for limit in limits_of(Two)] == [Rate(5, 1), Rate(100, 86400)]
+    with pytest.raises(ConfigurationError, match="need the 'gcra' strategy"):
+        limits_of(Windows)
+    with pytest.raises(ConfigurationError, match="must be a list"):
+        limits_of(NotAList)
