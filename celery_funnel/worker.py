@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
 from celery import bootsteps
+from celery.worker.state import task_ready
 
 from ._limit import Limit, safe_part
 from ._runtime import Runtime, runtime_for
@@ -26,7 +28,14 @@ logger = logging.getLogger("celery_funnel")
 
 
 class WorkerGate:
-    """Wraps ``on_task_request``: passes a request on once every matching limit admits it."""
+    """Wraps ``on_task_request``: passes a request on once every matching limit admits it.
+
+    A refused request books its slot under its task id and is held on the consumer's
+    timer until then. A message must not stay un-acked past the broker's limit (the
+    Redis transport's visibility timeout would deliver it again), so a request held
+    for the countdown cap in all is given back to the broker instead; whichever worker
+    receives it next redeems the same booking (the ticket is the task id, in Redis).
+    """
 
     def __init__(self, runtime: Runtime, consumer: Any, handle: Callable[[Any], Any]) -> None:
         self.runtime = runtime
@@ -35,7 +44,7 @@ class WorkerGate:
         self.hostname = safe_part(getattr(consumer, "hostname", "") or "worker")
         self._by_name: dict[str, tuple[Limit, ...]] = {}
         self._passed: dict[str, set[int]] = {}  # request id -> indexes of limits passed
-        self._booked: dict[str, set[int]] = {}
+        self._held_since: dict[str, float] = {}  # request id -> when it was first held
 
     def limits_for(self, name: str) -> tuple[Limit, ...]:
         """Every worker-wide limit whose pattern matches task ``name``."""
@@ -59,30 +68,42 @@ class WorkerGate:
 
     def _check(self, request: Any, limits: tuple[Limit, ...]) -> Any:
         passed = self._passed.setdefault(request.id, set())
-        booked = self._booked.setdefault(request.id, set())
         reservation = self.runtime.settings.reservation
         for index, limit in enumerate(limits):
             if index in passed:
                 continue
             ticket = request.id if reservation and limit.strategy == "gcra" else None
+            # always redeem: the booking may have been made by another worker
             verdict = limit.check(
-                self.runtime.funnel, self.key(limit), 1, ticket=ticket, redeem=index in booked
+                self.runtime.funnel, self.key(limit), 1, ticket=ticket, redeem=ticket is not None
             )
             if not verdict.run:
-                (booked.add if verdict.booked else booked.discard)(index)
                 self._hold(request, limits, verdict.delay)
                 return None
             passed.add(index)
-        self._passed.pop(request.id, None)
-        self._booked.pop(request.id, None)
+        self._forget(request)
         return self.handle(request)
 
+    def _forget(self, request: Any) -> None:
+        self._passed.pop(request.id, None)
+        self._held_since.pop(request.id, None)
+
     def _hold(self, request: Any, limits: tuple[Limit, ...], delay: float) -> None:
+        policy = self.runtime.countdowns
+        since = self._held_since.setdefault(request.id, time.monotonic())
+        budget = policy.cap - (time.monotonic() - since)
+        if delay > budget:
+            # held long enough: back to the broker before its un-acked limit
+            self._forget(request)
+            task_ready(request)
+            request.reject(requeue=True)
+            return
         # Like an ETA task: held in this worker, outside the prefetch window, so that
         # other tasks keep flowing while it waits.
         self.consumer.qos.increment_eventually()
-        countdown = self.runtime.countdowns.countdown(delay)
-        self.consumer.timer.call_after(countdown, self._release, (request, limits), priority=6)
+        self.consumer.timer.call_after(
+            policy.countdown(delay), self._release, (request, limits), priority=6
+        )
 
     def _release(self, request: Any, limits: tuple[Limit, ...]) -> None:
         self.consumer.qos.decrement_eventually()

@@ -209,3 +209,38 @@ def test_several_limits_on_one_task_hold_all_at_once(
     for customer in "ab":
         mine = sorted(r["at"] for r in recorded if r["args"][0] == customer)
         assert min(b - a for a, b in itertools.pairwise(mine)) >= 0.19  # 5/s each
+
+
+def test_worker_gate_gives_long_waits_back_to_the_broker(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A 2 s wait with a 0.5 s cap: held, then returned to the queue, several times;
+    it runs once, at its slot, never delivered twice."""
+    redis_client.flushall()
+    app = make_app(
+        redis_url, redis_url, funnel_limits={"proj.plain": "1/2s"}, funnel_max_countdown=0.5
+    )
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        results = [app.tasks["proj.plain"].delay(i) for i in range(2)]
+        assert sorted(r.get(timeout=20) for r in results) == [0, 1]
+    first, second = sorted(runs(redis_url), key=lambda r: r["at"])
+    assert second["at"] - first["at"] >= 1.9
+    assert len(runs(redis_url)) == 2
+    assert second["headers"].get("redelivered") is True  # given back to the broker
+    assert not first["headers"].get("redelivered")
+    gc.collect()
+    app.close()
+
+
+def test_a_funnel_task_under_a_worker_wide_limit_satisfies_both(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    redis_client.flushall()
+    app = make_app(redis_url, redis_url, funnel_limits={"proj.limited": "5/s"})  # task: 10/s
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        results = [app.tasks["proj.limited"].delay(i) for i in range(6)]
+        assert sorted(r.get(timeout=20) for r in results) == list(range(6))
+    starts = sorted(r["at"] for r in runs(redis_url))
+    assert min(b - a for a, b in itertools.pairwise(starts)) >= 0.19  # the 5/s one binds
+    gc.collect()
+    app.close()
