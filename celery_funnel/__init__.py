@@ -19,6 +19,7 @@ from ._rate import Rate
 from .backends.base import Funnel
 from .backends.memory import MemoryFunnel
 from .backends.redis import RedisFunnel
+from .strategies.reservation import Shape
 from .task import FunnelTask
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "Rate",
     "RedisFunnel",
     "Reservation",
+    "Shape",
     "TooManyDeferralsError",
     "install",
 ]
