@@ -54,6 +54,7 @@ class Verdict(NamedTuple):
     booked: bool = False
     never: bool = False
     stale: bool = False
+    outage: bool = False  # the funnel's Redis failed: this wait is a back-off
 
 
 @dataclass(frozen=True)

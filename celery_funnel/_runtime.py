@@ -8,6 +8,7 @@ from functools import cached_property
 from typing import Any
 
 from ._countdown import CountdownPolicy, policy_for
+from ._outage import OutageLog
 from ._settings import FunnelSettings
 from .backends.base import Funnel
 from .backends.redis import RedisFunnel
@@ -22,6 +23,7 @@ class Runtime:
         self.app = app
         self._lock = threading.Lock()
         self.installed = False
+        self.outage = OutageLog()
 
     @cached_property
     def settings(self) -> FunnelSettings:
@@ -40,6 +42,12 @@ class Runtime:
     @cached_property
     def countdowns(self) -> CountdownPolicy:
         return policy_for(self.app.conf, self.settings.max_countdown)
+
+    def close(self) -> None:
+        """Close the funnel's Redis connections, if any were made (reopened on use)."""
+        funnel = self.__dict__.pop("funnel", None)
+        if funnel is not None:
+            funnel.client.close()
 
     def key(self, *parts: str) -> str:
         """A funnel key under the configured prefix."""

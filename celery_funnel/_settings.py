@@ -15,6 +15,7 @@ from typing import Any
 
 from ._errors import ConfigurationError
 from ._limit import Limit, parse_limit
+from ._outage import POLICIES
 
 __all__ = ["FunnelSettings", "read_setting"]
 
@@ -27,6 +28,7 @@ _DEFAULTS: dict[str, Any] = {
     "funnel_max_deferrals": 1000,
     "funnel_throttle_eager": False,
     "funnel_socket_timeout": 1.0,
+    "funnel_on_backend_error": "defer",
 }
 
 
@@ -46,6 +48,13 @@ def _unknown(conf: Mapping[str, Any]) -> list[str]:
         if name.startswith("funnel_") and name not in known:
             found.append(key)
     return found
+
+
+def check_policy(name: str, value: Any) -> str:
+    """A ``funnel_on_backend_error`` value, checked."""
+    if value not in POLICIES:
+        raise ConfigurationError(f"{name} must be one of {list(POLICIES)}, got {value!r}")
+    return str(value)
 
 
 def _positive(name: str, value: Any, *, allow_none: bool = False) -> float | None:
@@ -74,6 +83,7 @@ class FunnelSettings:
     max_deferrals: int | None = 1000
     throttle_eager: bool = False
     socket_timeout: float = 1.0
+    on_backend_error: str = "defer"
     unknown: tuple[str, ...] = field(default=(), compare=False)
 
     @classmethod
@@ -115,6 +125,9 @@ class FunnelSettings:
             max_deferrals=deferrals,
             throttle_eager=bool(get("funnel_throttle_eager")),
             socket_timeout=_positive("funnel_socket_timeout", get("funnel_socket_timeout")) or 1.0,
+            on_backend_error=check_policy(
+                "funnel_on_backend_error", get("funnel_on_backend_error")
+            ),
             unknown=tuple(_unknown(conf)),
         )
         for name in settings.unknown:

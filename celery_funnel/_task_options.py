@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 
 from ._errors import ConfigurationError
 from ._limit import Limit, parse_limit
+from ._settings import check_policy
 
 HEADER = "celery_funnel"
 OPTIONS = (
@@ -17,6 +18,7 @@ OPTIONS = (
     "funnel_key",
     "funnel_cost",
     "funnel_limits",
+    "funnel_on_backend_error",
 )
 
 
@@ -26,11 +28,17 @@ class Deferral(NamedTuple):
     deferrals: int = 0  # times deferred so far
     booked: bool = False  # a slot is booked under the task id
     stale: int = 0  # times its ticket came too late (the late grace doubles each time)
+    outages: int = 0  # deferrals in a row because the funnel's Redis failed
 
     @classmethod
     def from_headers(cls, headers: Mapping[str, Any] | None) -> Deferral:
         raw = (headers or {}).get(HEADER) or {}
-        return cls(int(raw.get("deferrals", 0)), bool(raw.get("booked")), int(raw.get("stale", 0)))
+        return cls(
+            int(raw.get("deferrals", 0)),
+            bool(raw.get("booked")),
+            int(raw.get("stale", 0)),
+            int(raw.get("outages", 0)),
+        )
 
     def header(self) -> dict[str, Any]:
         return self._asdict()
@@ -41,6 +49,15 @@ def _option(task: Any, name: str) -> Any:
     # ...) would otherwise come back as a method of the task.
     value = inspect.getattr_static(task, name, None)
     return value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+
+
+def policy_of(task: Any, default: str) -> str:
+    """The task's ``funnel_on_backend_error``, else the setting's ``default``."""
+    value = _option(task, "funnel_on_backend_error")
+    if value is None:
+        return default
+    name = getattr(task, "name", None) or getattr(task, "__name__", task)
+    return check_policy(f"task {name!r}: funnel_on_backend_error", value)
 
 
 def limits_of(task: Any) -> tuple[Limit, ...]:
@@ -71,4 +88,5 @@ def limits_of(task: Any) -> tuple[Limit, ...]:
         raise ConfigurationError(f"{exc} (funnel_* options of the task)") from None
     if len(limits) > 1 and any(limit.strategy != "gcra" for limit in limits):
         raise ConfigurationError(f"{where}: several limits on one task need the 'gcra' strategy")
+    policy_of(task, "defer")
     return limits

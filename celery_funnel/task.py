@@ -16,10 +16,11 @@ from typing import Any, ClassVar
 from celery import Task
 from celery.exceptions import Ignore
 
-from ._errors import ConfigurationError, CostTooHighError, TooManyDeferralsError
+from ._errors import BackendError, ConfigurationError, CostTooHighError, TooManyDeferralsError
 from ._limit import Limit, Verdict, check_all, safe_part
+from ._outage import backoff
 from ._runtime import Runtime, runtime_for
-from ._task_options import HEADER, OPTIONS, Deferral, limits_of
+from ._task_options import HEADER, OPTIONS, Deferral, limits_of, policy_of
 
 __all__ = ["HEADER", "FunnelTask", "limits_of"]
 
@@ -35,7 +36,9 @@ class FunnelTask(Task):  # type: ignore[misc]
     int or callable; default 1), ``funnel_strategy`` (``"gcra"`` default, or
     ``"fixed_window"``, ``"sliding_window"``, ``"sliding_log"``), and ``funnel_limits``
     (more limits, as dicts with the same keys: ``rate``, ``capacity``, ``key``,
-    ``cost``), all of which must admit the task at once (GCRA only).
+    ``cost``), all of which must admit the task at once (GCRA only), and
+    ``funnel_on_backend_error`` (``"defer"``, ``"allow"`` or ``"raise"``; default: the
+    app's setting) for when the funnel's Redis fails.
 
     Subclasses that override ``before_start`` must call ``super().before_start``.
 
@@ -50,6 +53,7 @@ class FunnelTask(Task):  # type: ignore[misc]
     funnel_key: ClassVar[Any] = None
     funnel_cost: ClassVar[Any] = 1
     funnel_limits: ClassVar[Any] = ()
+    funnel_on_backend_error: ClassVar[str | None] = None  # None: the app's setting
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -66,7 +70,15 @@ class FunnelTask(Task):  # type: ignore[misc]
         if not limits:
             return
         while True:
-            verdict = self._funnel_check(runtime, limits, task_id, args, kwargs)
+            try:
+                verdict = self._funnel_check(runtime, limits, task_id, args, kwargs)
+            except BackendError as error:
+                outage = self._funnel_outage(runtime, error)
+                if outage is None:
+                    return  # funnel_on_backend_error = "allow": run unthrottled
+                verdict = outage
+            else:
+                runtime.outage.answered()
             if verdict.run:
                 return
             if verdict.never:
@@ -84,7 +96,7 @@ class FunnelTask(Task):  # type: ignore[misc]
                 state = Deferral.from_headers(request.headers)
                 request.headers = {
                     **(request.headers or {}),
-                    HEADER: Deferral(state.deferrals, True, state.stale).header(),
+                    HEADER: state._replace(booked=True).header(),
                 }
 
     def funnel_backoff(self, seconds: float) -> None:
@@ -112,6 +124,19 @@ class FunnelTask(Task):  # type: ignore[misc]
             runtime.funnel.hold(key, limit.capacity - 1, rate.count, rate.period, seconds)
         # the hold voided every booking, this task's too: it books afresh on return
         self._funnel_defer(runtime, args, kwargs, Verdict(run=False, delay=seconds))
+
+    def _funnel_outage(self, runtime: Runtime, error: BackendError) -> Verdict | None:
+        """The funnel's Redis failed: None to run the task anyway ("allow"), a back-off
+        to defer it ("defer"), or the error again ("raise", and in eager mode)."""
+        policy = policy_of(self, runtime.settings.on_backend_error)
+        runtime.outage.failed(error, policy)
+        if policy == "allow":
+            return None
+        if policy == "raise" or self.request.is_eager:
+            raise error
+        state = Deferral.from_headers(self.request.headers)
+        delay = backoff(state.outages, runtime.countdowns.cap)
+        return Verdict(run=False, delay=delay, booked=state.booked, outage=True)
 
     def _funnel_limits(self) -> tuple[Limit, ...]:
         if "_funnel_limits_cache" not in self.__dict__:
@@ -171,7 +196,12 @@ class FunnelTask(Task):  # type: ignore[misc]
     ) -> None:
         request = self.request
         state = Deferral.from_headers(request.headers)
-        deferral = Deferral(state.deferrals + 1, verdict.booked, state.stale + verdict.stale)
+        deferral = Deferral(
+            state.deferrals + 1,
+            verdict.booked,
+            state.stale + verdict.stale,
+            state.outages + 1 if verdict.outage else 0,
+        )
         cap = runtime.settings.max_deferrals
         if cap is not None and deferral.deferrals > cap:
             raise TooManyDeferralsError(

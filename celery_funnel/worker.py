@@ -18,7 +18,9 @@ from typing import Any
 from celery import bootsteps
 from celery.worker.state import task_ready
 
-from ._limit import Limit, safe_part
+from ._errors import BackendError
+from ._limit import Limit, Verdict, safe_part
+from ._outage import backoff
 from ._runtime import Runtime, runtime_for
 from .task import FunnelTask, limits_of
 
@@ -45,6 +47,7 @@ class WorkerGate:
         self._by_name: dict[str, tuple[Limit, ...]] = {}
         self._passed: dict[str, set[int]] = {}  # request id -> indexes of limits passed
         self._held_since: dict[str, float] = {}  # request id -> when it was first held
+        self._outages: dict[str, int] = {}  # request id -> back-offs in a row
 
     def limits_for(self, name: str) -> tuple[Limit, ...]:
         """Every worker-wide limit whose pattern matches task ``name``."""
@@ -73,10 +76,20 @@ class WorkerGate:
             if index in passed:
                 continue
             ticket = request.id if reservation and limit.strategy == "gcra" else None
-            # always redeem: the booking may have been made by another worker
-            verdict = limit.check(
-                self.runtime.funnel, self.key(limit), 1, ticket=ticket, redeem=ticket is not None
-            )
+            try:
+                # always redeem: the booking may have been made by another worker
+                verdict = limit.check(
+                    self.runtime.funnel,
+                    self.key(limit),
+                    1,
+                    ticket=ticket,
+                    redeem=ticket is not None,
+                )
+            except BackendError as error:
+                verdict = self._outage(request, error)
+            else:
+                self.runtime.outage.answered()
+                self._outages.pop(request.id, None)
             if not verdict.run:
                 self._hold(request, limits, verdict.delay)
                 return None
@@ -84,9 +97,21 @@ class WorkerGate:
         self._forget(request)
         return self.handle(request)
 
+    def _outage(self, request: Any, error: BackendError) -> Verdict:
+        """The funnel's Redis failed: "allow" lets the request through; "defer" (and
+        "raise", as there is no task to fail here) holds it for a back-off."""
+        policy = self.runtime.settings.on_backend_error
+        self.runtime.outage.failed(error, policy)
+        if policy == "allow":
+            return Verdict(run=True)
+        attempt = self._outages.get(request.id, 0)
+        self._outages[request.id] = attempt + 1
+        return Verdict(run=False, delay=backoff(attempt, self.runtime.countdowns.cap), outage=True)
+
     def _forget(self, request: Any) -> None:
         self._passed.pop(request.id, None)
         self._held_since.pop(request.id, None)
+        self._outages.pop(request.id, None)
 
     def _hold(self, request: Any, limits: tuple[Limit, ...], delay: float) -> None:
         policy = self.runtime.countdowns
@@ -123,6 +148,9 @@ class FunnelGate(bootsteps.StartStopStep):  # type: ignore[misc]
     ``funnel_limits`` is set."""
 
     label = "celery-funnel gate"
+
+    def shutdown(self, consumer: Any) -> None:
+        runtime_for(consumer.app).close()
 
     def __init__(self, consumer: Any, **kwargs: Any) -> None:
         super().__init__(consumer, **kwargs)

@@ -7,6 +7,7 @@ list ``runs``, so that tests can count executions and their times.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import socket
@@ -18,14 +19,24 @@ from celery import Celery
 from kombu.entity import Exchange, Queue
 
 from celery_funnel import FunnelTask, install
+from celery_funnel._runtime import runtime_for
 
 RUNS = "runs"
 
 
 def make_app(
-    broker_url: str, funnel_url: str, queue: str = "proj", quorum: bool = False, **conf: Any
+    broker_url: str,
+    funnel_url: str,
+    queue: str = "proj",
+    quorum: bool = False,
+    store_url: str | None = None,
+    **conf: Any,
 ) -> Celery:
-    app = Celery("proj", broker=broker_url, backend=funnel_url.rsplit("/", 1)[0] + "/1")
+    """An app whose funnels live at ``funnel_url``; results and run records live at
+    ``store_url`` (default: the funnels' Redis), so that the funnels' Redis can fail
+    alone."""
+    store_url = store_url or funnel_url
+    app = Celery("proj", broker=broker_url, backend=store_url.rsplit("/", 1)[0] + "/1")
     if quorum:
         # native delayed delivery needs a topic exchange
         exchange = Exchange(queue, type="topic")
@@ -44,7 +55,7 @@ def make_app(
         **conf,
     )
     install(app)
-    store = redis.Redis.from_url(funnel_url)
+    store = redis.Redis.from_url(store_url)
 
     def record(task: Any, *args: Any) -> None:
         request = task.request
@@ -137,10 +148,21 @@ def make_app(
     return app
 
 
+def close_app(app: Celery) -> None:
+    """Let go of an app and every connection it holds (results, broker, funnels)."""
+    gc.collect()  # results hold a pub/sub consumer: let them go while servers are up
+    consumer = getattr(app.backend, "result_consumer", None)
+    if consumer is not None:
+        consumer.stop()  # closes the pub/sub connection that letting them go opened
+    app.backend.client.connection_pool.disconnect()  # the client does not own its pool
+    runtime_for(app).close()
+    app.close()
+
+
 def runs(funnel_url: str) -> list[dict[str, Any]]:
     """Every run recorded so far."""
-    store = redis.Redis.from_url(funnel_url)
-    return [json.loads(item) for item in store.lrange(RUNS, 0, -1)]
+    with redis.Redis.from_url(funnel_url) as store:
+        return [json.loads(item) for item in store.lrange(RUNS, 0, -1)]
 
 
 if os.environ.get("FUNNEL_TEST_BROKER"):

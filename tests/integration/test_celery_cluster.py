@@ -3,7 +3,6 @@ broker: nothing lost, nothing run twice, never more than the funnel allows."""
 
 from __future__ import annotations
 
-import gc
 import json
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ import pytest
 import redis
 
 from celery_funnel._embedded import CeleryWorkers
-from tests.integration.proj import make_app, runs
+from tests.integration.proj import close_app, make_app, runs
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -54,5 +53,4 @@ def test_two_workers_share_one_funnel(
     assert sorted(r["args"][0] for r in recorded) == list(range(20)), "each ran exactly once"
     assert len({r["worker"] for r in recorded}) == 2, "both workers took part"
     assert max_in_window([r["at"] for r in recorded]) <= 11  # 10/s, capacity 1
-    gc.collect()
-    app.close()
+    close_app(app)

@@ -3,7 +3,6 @@ quorum queues. Skipped when RabbitMQ is not there, unless CI is set: then it fai
 
 from __future__ import annotations
 
-import gc
 import os
 import socket
 import uuid
@@ -15,7 +14,7 @@ from kombu.connection import Connection
 from kombu.entity import Queue
 
 from celery_funnel._embedded import CeleryWorkers
-from tests.integration.proj import make_app, runs
+from tests.integration.proj import close_app, make_app, runs
 from tests.integration.test_celery_cluster import max_in_window
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.rabbitmq]
@@ -61,7 +60,6 @@ def test_two_workers_share_one_funnel_on_rabbitmq(
         assert sorted(r["args"][0] for r in recorded) == list(range(20)), "each ran exactly once"
         assert max_in_window([r["at"] for r in recorded]) <= 11  # 10/s, capacity 1
     finally:
-        gc.collect()
-        app.close()
+        close_app(app)
         with Connection(amqp_url) as connection:
             Queue(queue, channel=connection.channel()).delete()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import itertools
 import time
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ from celery.contrib.testing.worker import start_worker
 from celery.result import _set_task_join_will_block
 from kombu.asynchronous import set_event_loop
 
-from tests.integration.proj import make_app, runs
+from tests.integration.proj import close_app, make_app, runs
 
 pytestmark = pytest.mark.redis
 
@@ -25,9 +24,7 @@ def celery_app(redis_url: str, redis_client: redis.Redis) -> Iterator[Celery]:
     redis_client.flushall()
     app = make_app(redis_url, redis_url)
     yield app
-    # results hold a pub/sub consumer: let them go while the server is still up
-    gc.collect()
-    app.close()
+    close_app(app)
 
 
 @pytest.fixture
@@ -143,8 +140,7 @@ def test_worker_gate_limits_plain_tasks(redis_url: str, redis_client: redis.Redi
         assert other.get(timeout=20) == 7
     starts = sorted(r["at"] for r in runs(redis_url) if r["name"] == "proj.plain")
     assert starts[-1] - starts[0] >= 0.45  # 6 starts at 10/s, capacity 1
-    gc.collect()
-    app.close()
+    close_app(app)
 
 
 def test_bad_settings_stop_the_worker_at_start(redis_url: str) -> None:
@@ -162,7 +158,7 @@ def test_bad_settings_stop_the_worker_at_start(redis_url: str) -> None:
         # never runs, so ETA tasks would never fire).
         _set_task_join_will_block(False)
         set_event_loop(None)
-        app.close()
+        close_app(app)
 
 
 def test_waits_longer_than_the_cap_requeue_at_the_cap_and_keep_their_slot(
@@ -177,8 +173,7 @@ def test_waits_longer_than_the_cap_requeue_at_the_cap_and_keep_their_slot(
     assert second["at"] - first["at"] >= 1.9
     assert second["deferrals"] >= 4  # 2 s in countdowns of at most 0.5 s
     assert first["deferrals"] == 0
-    gc.collect()
-    app.close()
+    close_app(app)
 
 
 def test_an_upstream_429_holds_the_funnel_for_every_task(
@@ -228,8 +223,7 @@ def test_worker_gate_gives_long_waits_back_to_the_broker(
     assert len(runs(redis_url)) == 2
     assert second["headers"].get("redelivered") is True  # given back to the broker
     assert not first["headers"].get("redelivered")
-    gc.collect()
-    app.close()
+    close_app(app)
 
 
 def test_a_funnel_task_under_a_worker_wide_limit_satisfies_both(
@@ -242,5 +236,4 @@ def test_a_funnel_task_under_a_worker_wide_limit_satisfies_both(
         assert sorted(r.get(timeout=20) for r in results) == list(range(6))
     starts = sorted(r["at"] for r in runs(redis_url))
     assert min(b - a for a, b in itertools.pairwise(starts)) >= 0.19  # the 5/s one binds
-    gc.collect()
-    app.close()
+    close_app(app)

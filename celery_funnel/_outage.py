@@ -1,0 +1,51 @@
+"""What the gates do when the funnel's Redis fails: the ``funnel_on_backend_error``
+policy, the back-off of deferred tasks, and one WARNING per outage (not one per task)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+__all__ = ["POLICIES", "OutageLog", "backoff"]
+
+logger = logging.getLogger("celery_funnel")
+
+POLICIES = ("defer", "allow", "raise")
+BACKOFF_FIRST_SECONDS = 1.0
+BACKOFF_MAX_SECONDS = 30.0
+
+
+def backoff(attempt: int, cap: float) -> float:
+    """Seconds to wait before the ``attempt``-th retry (0-based): 1, 2, 4 … at most
+    30 s and at most ``cap``."""
+    return float(min(BACKOFF_FIRST_SECONDS * 2 ** min(attempt, 16), BACKOFF_MAX_SECONDS, cap))
+
+
+class OutageLog:
+    """Logs one WARNING when the backend starts failing and one when it answers again,
+    per process, whatever the number of tasks in between."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self._lock = threading.Lock()
+
+    def failed(self, error: BaseException, policy: str) -> None:
+        with self._lock:
+            if self.down:
+                return
+            self.down = True
+        logger.warning(
+            "celery-funnel: the funnel backend failed (%s); tasks are now handled by"
+            " funnel_on_backend_error=%r until it answers again",
+            error,
+            policy,
+        )
+
+    def answered(self) -> None:
+        if not self.down:  # the common case: no lock on the hot path
+            return
+        with self._lock:
+            if not self.down:
+                return
+            self.down = False
+        logger.warning("celery-funnel: the funnel backend answers again")
