@@ -237,3 +237,19 @@ def test_a_funnel_task_under_a_worker_wide_limit_satisfies_both(
     starts = sorted(r["at"] for r in runs(redis_url))
     assert min(b - a for a, b in itertools.pairwise(starts)) >= 0.19  # the 5/s one binds
     close_app(app)
+
+
+def test_task_annotations_set_funnel_options(redis_url: str, redis_client: redis.Redis) -> None:
+    redis_client.flushall()
+    app = make_app(
+        redis_url,
+        redis_url,
+        task_annotations={"proj.annotated": {"funnel_rate": "5/s", "funnel_capacity": 1}},
+    )
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        results = [app.tasks["proj.annotated"].delay(i) for i in range(4)]
+        assert sorted(r.get(timeout=20) for r in results) == [0, 1, 2, 3]
+    starts = sorted(r["at"] for r in runs(redis_url))
+    assert min(b - a for a, b in itertools.pairwise(starts)) >= 0.19  # 5/s, from the annotation
+    assert sum(r["deferrals"] for r in runs(redis_url)) == 3
+    close_app(app)
