@@ -9,7 +9,7 @@
    and broker (prefork and solo pools), in alternating rounds of one run; tasks per
    second and the median ratio of neighbouring rounds.
 
-    python bench/celery.py [--tasks 40] [--noops 300] [--rounds 10]
+    python bench/celery.py [--tasks 40] [--noops 300] [--rounds 16]
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="celery-funnel on real workers")
     parser.add_argument("--tasks", type=int, default=40)
     parser.add_argument("--noops", type=int, default=300)
-    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=16)
     args = parser.parse_args()
     with RedisServer() as server:
         rows = {

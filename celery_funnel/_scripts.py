@@ -31,14 +31,16 @@ class Script:
 
     @classmethod
     def load(cls, name: str, twin: Twin) -> Script:
-        """Read ``celery_funnel/lua/<name>.lua`` from the installed package."""
-        source = (
-            resources.files("celery_funnel")
-            .joinpath("lua")
-            .joinpath(f"{name}.lua")
-            .read_text("utf-8")
-        )
+        """Read ``celery_funnel/lua/<name>.lua`` from the installed package, after the
+        shared prelude ``_clock.lua`` (the clock every script uses)."""
+        source = _read("_clock") + _read(name)
         return cls(name, source, hashlib.sha1(source.encode("utf-8")).hexdigest(), twin)
+
+
+def _read(name: str) -> str:
+    return (
+        resources.files("celery_funnel").joinpath("lua").joinpath(f"{name}.lua").read_text("utf-8")
+    )
 
 
 Eval = Callable[[Script, Sequence[str], Sequence[Arg]], Reply]

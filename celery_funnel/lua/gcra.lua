@@ -12,11 +12,7 @@
 -- Every value stays below 2^53, so Lua's doubles hold it exactly. The script does
 -- no more than the maths needs: each call here costs the server time per decision.
 
-local now = tonumber(ARGV[3])
-if not now then
-  local clock = redis.call('TIME')
-  now = clock[1] * 1000000 + clock[2]
-end
+local now = now_us(ARGV[3])
 local tat = tonumber(redis.call('GET', KEYS[1])) or now
 if tat < now then
   tat = now

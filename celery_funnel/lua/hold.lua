@@ -14,11 +14,7 @@
 
 local t = tonumber(ARGV[1])
 local tau = tonumber(ARGV[2])
-local now = tonumber(ARGV[4])
-if not now then
-  local clock = redis.call('TIME')
-  now = clock[1] * 1000000 + clock[2]
-end
+local now = now_us(ARGV[4])
 local tat = tonumber(redis.call('GET', KEYS[1])) or now
 tat = math.min(math.max(tat, now), now + tau)
 local held = now + tonumber(ARGV[3]) + tau - t

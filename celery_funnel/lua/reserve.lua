@@ -18,11 +18,7 @@
 --          booked (delay until it), 2 = not booked: delay > max wait, 3 = the request
 --          can never fit in some funnel (delay -1)
 
-local now = tonumber(ARGV[1])
-if not now then
-  local clock = redis.call('TIME')
-  now = clock[1] * 1000000 + clock[2]
-end
+local now = now_us(ARGV[1])
 local ticket = ARGV[2]
 local late = tonumber(ARGV[5])
 local n = #KEYS - 1

@@ -14,11 +14,7 @@
 local limit = tonumber(ARGV[1])
 local period = tonumber(ARGV[2])
 local quantity = tonumber(ARGV[3])
-local now = tonumber(ARGV[4])
-if not now then
-  local clock = redis.call('TIME')
-  now = clock[1] * 1000000 + clock[2]
-end
+local now = now_us(ARGV[4])
 local key = KEYS[1]
 local stamp = string.format('%.0f', now)
 

@@ -15,11 +15,7 @@
 local limit = tonumber(ARGV[1])
 local sub = tonumber(ARGV[2])
 local quantity = tonumber(ARGV[3])
-local now = tonumber(ARGV[4])
-if not now then
-  local clock = redis.call('TIME')
-  now = clock[1] * 1000000 + clock[2]
-end
+local now = now_us(ARGV[4])
 local n = #KEYS
 local current = (now - math.fmod(now, sub)) / sub
 

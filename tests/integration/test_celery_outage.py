@@ -4,7 +4,6 @@ nothing is lost. One WARNING when the outage starts, one when it ends."""
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -15,6 +14,7 @@ from celery.contrib.testing.worker import start_worker
 
 from celery_funnel._embedded import RedisServer
 from tests.integration.proj import close_app, make_app, runs
+from tests.polling import wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -23,14 +23,6 @@ pytestmark = [pytest.mark.redis, pytest.mark.slow]
 def funnel_server() -> Iterator[RedisServer]:
     with RedisServer() as server:
         yield server
-
-
-def wait_for(predicate: Any, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.02)
 
 
 @pytest.fixture

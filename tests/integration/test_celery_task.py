@@ -15,6 +15,7 @@ from celery.result import _set_task_join_will_block
 from kombu.asynchronous import set_event_loop
 
 from tests.integration.proj import close_app, make_app, runs
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.redis
 
@@ -33,14 +34,6 @@ def worker(celery_app: Celery) -> Iterator[Any]:
         celery_app, pool="threads", concurrency=2, perform_ping_check=False, shutdown_timeout=10
     ) as w:
         yield w
-
-
-def wait_for(predicate: Any, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.02)
 
 
 def test_throttled_tasks_run_once_each_at_the_funnel_rate(

@@ -219,7 +219,9 @@ def test_reservations_make_progress_and_never_burst(
             widest = max(widest, late)
             continue
         jitter = jitters[turns % len(jitters)]
-        back = when + max(round(answer.delay * US) + jitter, 0)
+        wait = round(answer.delay * US)
+        # early by at most half the wait: a task cannot run before it was re-queued
+        back = when + max(wait + jitter, wait // 2, 1)
         # back after slot + late (slot = when + delay): the ticket went stale
         pending.append((back, ticket, 0 if stale < 0 else stale + (jitter > late)))
     assert not pending, "every caller starts in the end"

@@ -9,17 +9,9 @@ import redis
 
 from celery_funnel import BackendError, ConfigurationError, RedisFunnel
 from celery_funnel._embedded import RedisServer
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.redis
-
-
-def _poll(predicate: object, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def test_funnel_key_expires_when_the_funnel_is_idle_again(
@@ -29,7 +21,7 @@ def test_funnel_key_expires_when_the_funnel_is_idle_again(
     ttl_ms = redis_client.pttl(key)
     assert 0 < ttl_ms <= 100
     assert decision.reset_after == pytest.approx(0.1, abs=1e-6)
-    assert _poll(lambda: not redis_client.exists(key))
+    wait_for(lambda: not redis_client.exists(key), timeout=5)
 
 
 def test_script_is_reloaded_after_script_flush(

@@ -1,0 +1,15 @@
+"""Waiting for state in tests: poll with a deadline, never a bare sleep."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 20.0) -> None:
+    """Return as soon as ``predicate()`` is true; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s")
+        time.sleep(0.02)
