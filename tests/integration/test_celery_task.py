@@ -246,3 +246,15 @@ def test_task_annotations_set_funnel_options(redis_url: str, redis_client: redis
     assert min(b - a for a, b in itertools.pairwise(starts)) >= 0.19  # 5/s, from the annotation
     assert sum(r["deferrals"] for r in runs(redis_url)) == 3
     close_app(app)
+
+
+def test_eager_runs_wait_in_place_when_configured(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    redis_client.flushall()
+    app = make_app(redis_url, redis_url, funnel_throttle_eager=True)
+    limited = app.tasks["proj.limited"]  # 10/s, capacity 1
+    assert [limited.apply((i,)).get() for i in range(4)] == [0, 1, 2, 3]
+    starts = sorted(r["at"] for r in runs(redis_url))
+    assert starts[-1] - starts[0] >= 0.28  # 4 starts at 10/s, waited in place
+    close_app(app)
