@@ -18,13 +18,19 @@ and this client to different cores where there are two.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# Run as a script, this file's folder comes first on sys.path, where bench/celery.py
+# would shadow the celery package.
+HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
+
 import argparse
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import redis
