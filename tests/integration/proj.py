@@ -96,6 +96,11 @@ def make_app(
         record(self, customer, n)
         return n
 
+    @funnel_task("proj.hourly", funnel_rate="1/h")
+    def hourly(self: Any, n: int = 0) -> int:
+        record(self, n)
+        return n
+
     @funnel_task("proj.slow", funnel_rate="1/2s")
     def slow(self: Any, n: int = 0) -> int:
         record(self, n)
