@@ -86,20 +86,10 @@ class Funnel(ABC):
         delay, after it the ticket is dropped and a new slot is booked. ``max_wait``
         (seconds) refuses to book further ahead than that.
         """
-        return reservation.reserve(
-            self._eval,
-            key,
-            max_burst,
-            count,
-            period,
-            quantity,
-            ticket=ticket,
-            redeem=redeem,
-            max_wait=max_wait,
-            early=early,
-            late=late,
-            now=now,
-        )
+        return self.reserve_all(
+            [Shape(key, max_burst, count, period, quantity)],
+            ticket=ticket, redeem=redeem, max_wait=max_wait, early=early, late=late, now=now,
+        )  # fmt: skip
 
     def reserve_all(
         self,

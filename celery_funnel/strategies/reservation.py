@@ -138,25 +138,3 @@ def reserve_all(
         reset_after=seconds(reset_us),
         stale=bool(stale),
     )
-
-
-def reserve(
-    run: Eval,
-    key: str,
-    max_burst: int,
-    count: int,
-    period: float,
-    quantity: int,
-    *,
-    ticket: str | None,
-    redeem: bool,
-    max_wait: float | None,
-    early: float | None,
-    late: float | None,
-    now: float | None,
-) -> Reservation:
-    """One reservation through ``run``; see ``Funnel.reserve``."""
-    return reserve_all(
-        run, [Shape(key, max_burst, count, period, quantity)], ticket=ticket, redeem=redeem,
-        max_wait=max_wait, early=early, late=late, now=now,
-    )  # fmt: skip
