@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from celery import signals
+
 from ._runtime import runtime_for
 
 __all__ = ["install"]
@@ -22,5 +24,14 @@ def install(app: Any) -> Any:
     runtime = runtime_for(app)
     if not runtime.installed:
         app.steps["consumer"].add(FunnelGate)
+        signals.celeryd_init.connect(_on_worker_init, weak=False)
         runtime.installed = True
     return app
+
+
+def _on_worker_init(instance: Any = None, options: Any = None, **_: Any) -> None:
+    # `celery worker -E` reaches the worker, not app.conf; this runs before the pool
+    # forks, so the pool processes that defer tasks know to send events too.
+    app = getattr(instance, "app", None)
+    if app is not None and (options or {}).get("task_events"):
+        runtime_for(app).observer.events = True

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from typing import Any
+
+from . import signals
 
 __all__ = ["POLICIES", "OutageLog", "backoff"]
 
@@ -23,23 +27,29 @@ def backoff(attempt: int, cap: float) -> float:
 
 class OutageLog:
     """Logs one WARNING when the backend starts failing and one when it answers again,
-    per process, whatever the number of tasks in between."""
+    per process, whatever the number of tasks in between; sends ``backend_error`` for
+    every failure and ``backend_recovered`` once. ``down``: the backend is failing."""
 
-    def __init__(self) -> None:
+    def __init__(self, sender: Any = None) -> None:
+        self.sender = sender
         self.down = False
+        self._since = 0.0
         self._lock = threading.Lock()
 
     def failed(self, error: BaseException, policy: str) -> None:
         with self._lock:
-            if self.down:
-                return
-            self.down = True
-        logger.warning(
-            "celery-funnel: the funnel backend failed (%s); tasks are now handled by"
-            " funnel_on_backend_error=%r until it answers again",
-            error,
-            policy,
-        )
+            first = not self.down
+            if first:
+                self.down, self._since = True, time.monotonic()
+        signals.backend_error.send(sender=self.sender, error=error, policy=policy, first=first)
+        if first:
+            logger.warning(
+                "celery-funnel: the funnel backend failed (%s); tasks are now handled by"
+                " funnel_on_backend_error=%r until it answers again",
+                error,
+                policy,
+                extra={"celery_funnel": {"event": "backend_error", "policy": policy}},
+            )
 
     def answered(self) -> None:
         if not self.down:  # the common case: no lock on the hot path
@@ -48,4 +58,10 @@ class OutageLog:
             if not self.down:
                 return
             self.down = False
-        logger.warning("celery-funnel: the funnel backend answers again")
+            downtime = time.monotonic() - self._since
+        signals.backend_recovered.send(sender=self.sender, downtime=downtime)
+        logger.warning(
+            "celery-funnel: the funnel backend answers again after %.1f s",
+            downtime,
+            extra={"celery_funnel": {"event": "backend_recovered", "downtime": downtime}},
+        )

@@ -8,6 +8,7 @@ from functools import cached_property
 from typing import Any
 
 from ._countdown import CountdownPolicy, policy_for
+from ._observe import Observer
 from ._outage import OutageLog
 from ._settings import FunnelSettings
 from .backends.base import Funnel
@@ -23,7 +24,7 @@ class Runtime:
         self.app = app
         self._lock = threading.Lock()
         self.installed = False
-        self.outage = OutageLog()
+        self.outage = OutageLog(app)
 
     @cached_property
     def settings(self) -> FunnelSettings:
@@ -38,6 +39,10 @@ class Runtime:
                 target, socket_timeout=timeout, socket_connect_timeout=timeout
             )
         return RedisFunnel(target)
+
+    @cached_property
+    def observer(self) -> Observer:
+        return Observer(self.app)
 
     @cached_property
     def countdowns(self) -> CountdownPolicy:

@@ -29,6 +29,7 @@ _DEFAULTS: dict[str, Any] = {
     "funnel_throttle_eager": False,
     "funnel_socket_timeout": 1.0,
     "funnel_on_backend_error": "defer",
+    "funnel_dry_run": False,
 }
 
 
@@ -84,6 +85,7 @@ class FunnelSettings:
     throttle_eager: bool = False
     socket_timeout: float = 1.0
     on_backend_error: str = "defer"
+    dry_run: bool = False
     unknown: tuple[str, ...] = field(default=(), compare=False)
 
     @classmethod
@@ -128,6 +130,7 @@ class FunnelSettings:
             on_backend_error=check_policy(
                 "funnel_on_backend_error", get("funnel_on_backend_error")
             ),
+            dry_run=bool(get("funnel_dry_run")),
             unknown=tuple(_unknown(conf)),
         )
         for name in settings.unknown:

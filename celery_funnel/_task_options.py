@@ -19,6 +19,7 @@ OPTIONS = (
     "funnel_cost",
     "funnel_limits",
     "funnel_on_backend_error",
+    "funnel_dry_run",
 )
 
 
@@ -58,6 +59,12 @@ def policy_of(task: Any, default: str) -> str:
         return default
     name = getattr(task, "name", None) or getattr(task, "__name__", task)
     return check_policy(f"task {name!r}: funnel_on_backend_error", value)
+
+
+def dry_run_of(task: Any, default: bool) -> bool:
+    """The task's ``funnel_dry_run``, else the setting's ``default``."""
+    value = _option(task, "funnel_dry_run")
+    return default if value is None else bool(value)
 
 
 def limits_of(task: Any) -> tuple[Limit, ...]:

@@ -20,7 +20,7 @@ from ._errors import BackendError, ConfigurationError, CostTooHighError, TooMany
 from ._limit import Limit, Verdict, check_all, safe_part
 from ._outage import backoff
 from ._runtime import Runtime, runtime_for
-from ._task_options import HEADER, OPTIONS, Deferral, limits_of, policy_of
+from ._task_options import HEADER, OPTIONS, Deferral, dry_run_of, limits_of, policy_of
 
 __all__ = ["HEADER", "FunnelTask", "limits_of"]
 
@@ -38,7 +38,8 @@ class FunnelTask(Task):  # type: ignore[misc]
     (more limits, as dicts with the same keys: ``rate``, ``capacity``, ``key``,
     ``cost``), all of which must admit the task at once (GCRA only), and
     ``funnel_on_backend_error`` (``"defer"``, ``"allow"`` or ``"raise"``; default: the
-    app's setting) for when the funnel's Redis fails.
+    app's setting) for when the funnel's Redis fails, and ``funnel_dry_run`` (default:
+    the app's setting) to run every task at once and only report the deferrals.
 
     Subclasses that override ``before_start`` must call ``super().before_start``.
 
@@ -54,6 +55,7 @@ class FunnelTask(Task):  # type: ignore[misc]
     funnel_cost: ClassVar[Any] = 1
     funnel_limits: ClassVar[Any] = ()
     funnel_on_backend_error: ClassVar[str | None] = None  # None: the app's setting
+    funnel_dry_run: ClassVar[bool | None] = None  # None: the app's setting
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -69,31 +71,33 @@ class FunnelTask(Task):  # type: ignore[misc]
         limits = self._funnel_limits()
         if not limits:
             return
+        dry_run = dry_run_of(self, runtime.settings.dry_run)
         while True:
-            try:
-                verdict = self._funnel_check(runtime, limits, task_id, args, kwargs)
-            except BackendError as error:
-                outage = self._funnel_outage(runtime, error)
-                if outage is None:
-                    return  # funnel_on_backend_error = "allow": run unthrottled
-                verdict = outage
-            else:
-                runtime.outage.answered()
-            if verdict.run:
+            verdict = self._funnel_verdict(runtime, limits, task_id, args, kwargs, dry_run)
+            if verdict is None or verdict.run:
+                return
+            if dry_run:  # record what a real funnel would have done, and run
+                runtime.observer.deferred(
+                    self.name, task_id, self.name, verdict.delay, dry_run=True
+                )
                 return
             if verdict.never:
                 costs = [limit.cost_of(args, kwargs) for limit in limits]
-                raise CostTooHighError(
+                raise self._funnel_refused(runtime, CostTooHighError(
                     f"task {self.name}[{task_id}] costs {costs} units but its funnels hold"
                     f" {[limit.capacity for limit in limits]}: it can never run"
-                )
+                ))  # fmt: skip
             if not request.is_eager and not runtime.countdowns.waits_in_place(verdict.delay):
                 self._funnel_defer(runtime, args, kwargs, verdict)
             # eager mode (throttled on purpose), or under a second on a broker that
             # delays by whole seconds only: wait in place, then redeem the slot
+            state = Deferral.from_headers(request.headers)
+            runtime.observer.deferred(
+                self.name, task_id, self.name, verdict.delay,
+                deferrals=state.deferrals + 1, booked=verdict.booked, outage=verdict.outage,
+            )  # fmt: skip
             time.sleep(verdict.delay)
             if verdict.booked:
-                state = Deferral.from_headers(request.headers)
                 request.headers = {
                     **(request.headers or {}),
                     HEADER: state._replace(booked=True).header(),
@@ -125,15 +129,41 @@ class FunnelTask(Task):  # type: ignore[misc]
         # the hold voided every booking, this task's too: it books afresh on return
         self._funnel_defer(runtime, args, kwargs, Verdict(run=False, delay=seconds))
 
-    def _funnel_outage(self, runtime: Runtime, error: BackendError) -> Verdict | None:
-        """The funnel's Redis failed: None to run the task anyway ("allow"), a back-off
-        to defer it ("defer"), or the error again ("raise", and in eager mode)."""
+    def _funnel_verdict(
+        self,
+        runtime: Runtime,
+        limits: Sequence[Limit],
+        task_id: str,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        dry_run: bool,
+    ) -> Verdict | None:
+        """One decision over every limit of the task: None to run it unchecked."""
+        try:
+            verdict = self._funnel_check(runtime, limits, task_id, args, kwargs, dry_run)
+        except BackendError as error:
+            return self._funnel_outage(runtime, error, dry_run)
+        runtime.outage.answered()
+        if verdict.run:
+            runtime.observer.admitted(self.name, task_id, self.name, dry_run=dry_run)
+        return verdict
+
+    def _funnel_refused(self, runtime: Runtime, error: Exception) -> Exception:
+        runtime.observer.refused(self.name, self.request.id, self.name, error)
+        return error
+
+    def _funnel_outage(
+        self, runtime: Runtime, error: BackendError, dry_run: bool = False
+    ) -> Verdict | None:
+        """The funnel's Redis failed: None to run the task anyway ("allow", or a dry
+        run), a back-off to defer it ("defer"), or the error again ("raise", and in
+        eager mode)."""
         policy = policy_of(self, runtime.settings.on_backend_error)
         runtime.outage.failed(error, policy)
-        if policy == "allow":
+        if policy == "allow" or dry_run:
             return None
         if policy == "raise" or self.request.is_eager:
-            raise error
+            raise self._funnel_refused(runtime, error)
         state = Deferral.from_headers(self.request.headers)
         delay = backoff(state.outages, runtime.countdowns.cap)
         return Verdict(run=False, delay=delay, booked=state.booked, outage=True)
@@ -170,12 +200,14 @@ class FunnelTask(Task):  # type: ignore[misc]
         task_id: str,
         args: Sequence[Any],
         kwargs: Mapping[str, Any],
+        dry_run: bool = False,
     ) -> Verdict:
         keys = self._funnel_keys(runtime, limits, args, kwargs)
         costs = [limit.cost_of(args, kwargs) for limit in limits]
         state = Deferral.from_headers(self.request.headers)
         gcra = all(limit.strategy == "gcra" for limit in limits)
-        ticket = task_id if runtime.settings.reservation and gcra else None
+        # a dry run books nothing: a refused task runs anyway and takes no slot
+        ticket = task_id if runtime.settings.reservation and gcra and not dry_run else None
         late = None
         if ticket is not None:  # one slot's width, doubled each time the ticket went stale
             widths = [
@@ -204,12 +236,17 @@ class FunnelTask(Task):  # type: ignore[misc]
         )
         cap = runtime.settings.max_deferrals
         if cap is not None and deferral.deferrals > cap:
-            raise TooManyDeferralsError(
+            raise self._funnel_refused(runtime, TooManyDeferralsError(
                 f"task {self.name}[{request.id}] was deferred {state.deferrals} times"
                 f" (funnel_max_deferrals={cap})"
-            )
+            ))  # fmt: skip
         headers = {**(request.headers or {}), HEADER: deferral.header()}
         countdown = runtime.countdowns.countdown(verdict.delay)
+        runtime.observer.deferred(
+            self.name, request.id, self.name, verdict.delay,
+            deferrals=deferral.deferrals, booked=verdict.booked, outage=verdict.outage,
+            requeued=True, send_event=self.send_event if runtime.observer.events else None,
+        )  # fmt: skip
         self.signature_from_request(
             request, args, kwargs, countdown=countdown, headers=headers
         ).apply_async()

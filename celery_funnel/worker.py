@@ -71,11 +71,13 @@ class WorkerGate:
 
     def _check(self, request: Any, limits: tuple[Limit, ...]) -> Any:
         passed = self._passed.setdefault(request.id, set())
-        reservation = self.runtime.settings.reservation
+        settings, observer = self.runtime.settings, self.runtime.observer
+        dry_run = settings.dry_run
         for index, limit in enumerate(limits):
             if index in passed:
                 continue
-            ticket = request.id if reservation and limit.strategy == "gcra" else None
+            gcra = limit.strategy == "gcra"
+            ticket = request.id if settings.reservation and gcra and not dry_run else None
             try:
                 # always redeem: the booking may have been made by another worker
                 verdict = limit.check(
@@ -90,8 +92,13 @@ class WorkerGate:
             else:
                 self.runtime.outage.answered()
                 self._outages.pop(request.id, None)
-            if not verdict.run:
-                self._hold(request, limits, verdict.delay)
+            funnel = f"limit:{limit.pattern}"
+            if verdict.run:
+                observer.admitted(request.name, request.id, funnel, dry_run=dry_run)
+            elif dry_run:  # report it, and let it through
+                observer.deferred(request.name, request.id, funnel, verdict.delay, dry_run=True)
+            else:
+                self._hold(request, limits, verdict, funnel)
                 return None
             passed.add(index)
         self._forget(request)
@@ -102,7 +109,7 @@ class WorkerGate:
         "raise", as there is no task to fail here) holds it for a back-off."""
         policy = self.runtime.settings.on_backend_error
         self.runtime.outage.failed(error, policy)
-        if policy == "allow":
+        if policy == "allow" or self.runtime.settings.dry_run:
             return Verdict(run=True)
         attempt = self._outages.get(request.id, 0)
         self._outages[request.id] = attempt + 1
@@ -113,11 +120,18 @@ class WorkerGate:
         self._held_since.pop(request.id, None)
         self._outages.pop(request.id, None)
 
-    def _hold(self, request: Any, limits: tuple[Limit, ...], delay: float) -> None:
+    def _hold(self, request: Any, limits: tuple[Limit, ...], verdict: Verdict, funnel: str) -> None:
         policy = self.runtime.countdowns
+        delay = verdict.delay
         since = self._held_since.setdefault(request.id, time.monotonic())
         budget = policy.cap - (time.monotonic() - since)
-        if delay > budget:
+        requeue = delay > budget
+        self.runtime.observer.deferred(
+            request.name, request.id, funnel, delay,
+            booked=verdict.booked, outage=verdict.outage, requeued=requeue,
+            send_event=self._send_event(request),
+        )  # fmt: skip
+        if requeue:
             # held long enough: back to the broker before its un-acked limit
             self._forget(request)
             task_ready(request)
@@ -129,6 +143,16 @@ class WorkerGate:
         self.consumer.timer.call_after(
             policy.countdown(delay), self._release, (request, limits), priority=6
         )
+
+    def _send_event(self, request: Any) -> Callable[..., Any] | None:
+        dispatcher = getattr(self.consumer, "event_dispatcher", None)
+        if dispatcher is None or not dispatcher.enabled:
+            return None
+
+        def send(type_: str, **fields: Any) -> None:
+            dispatcher.send(type_, uuid=request.id, **fields)
+
+        return send
 
     def _release(self, request: Any, limits: tuple[Limit, ...]) -> None:
         self.consumer.qos.decrement_eventually()

@@ -11,8 +11,10 @@ import pytest
 import redis
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
+from prometheus_client import CollectorRegistry
 
 from celery_funnel._embedded import RedisServer
+from tests.integration.conftest import Recorder, sample
 from tests.integration.proj import close_app, make_app, runs
 from tests.polling import wait_for
 
@@ -52,6 +54,8 @@ def test_defer_waits_out_the_outage_and_loses_nothing(
     funnel_server: RedisServer,
     outage_app: Callable[..., Celery],
     caplog: pytest.LogCaptureFixture,
+    recorder: Recorder,
+    registry: CollectorRegistry,
     task: str,
     conf: dict[str, Any],
 ) -> None:
@@ -64,12 +68,21 @@ def test_defer_waits_out_the_outage_and_loses_nothing(
             app.tasks[task].delay(i)
         wait_for(lambda: "funnel backend failed" in caplog.text)
         assert runs(redis_url) == [], "nothing ran unthrottled"
+        assert sample(registry, "celery_funnel_backend_up") == 0
         funnel_server.start()
         wait_for(lambda: len(runs(redis_url)) >= 3, timeout=30)
     assert sorted(r["args"][0] for r in runs(redis_url)) == [0, 1, 2], "each ran once"
     messages = [record.getMessage() for record in caplog.records]
     assert sum(m.startswith("celery-funnel: the funnel backend failed") for m in messages) == 1
-    assert messages.count("celery-funnel: the funnel backend answers again") == 1
+    assert sum(m.startswith("celery-funnel: the funnel backend answers") for m in messages) == 1
+    # signals: every failed call, the first one marked; one recovery; metrics follow
+    errors = recorder.of("backend_error")
+    assert [e["first"] for e in errors].count(True) == 1
+    assert all(e["policy"] == "defer" for e in errors)
+    (recovered,) = recorder.of("backend_recovered")
+    assert recovered["downtime"] > 0
+    assert sample(registry, "celery_funnel_backend_errors_total") == len(errors)
+    assert sample(registry, "celery_funnel_backend_up") == 1
 
 
 def test_allow_runs_tasks_unthrottled(

@@ -1,0 +1,78 @@
+"""What the gates report about each decision: the package's signals, Celery events
+(``task-deferred``, for Flower and other event consumers) and log lines with the same
+fields in ``extra`` (``record.celery_funnel``), for structured logging."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from . import signals
+
+__all__ = ["EVENT", "Observer"]
+
+logger = logging.getLogger("celery_funnel")
+
+EVENT = "task-deferred"
+
+SendEvent = Callable[..., Any]
+
+
+class Observer:
+    """Reports one app's decisions. ``events``: task events are on in this worker
+    (``worker_send_task_events``, or ``celery worker -E``, seen at ``celeryd_init``)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.events = bool(app.conf.worker_send_task_events)
+
+    def admitted(self, name: str, task_id: str, funnel: str, *, dry_run: bool = False) -> None:
+        """A task passed ``funnel``."""
+        signals.task_admitted.send(sender=name, task_id=task_id, funnel=funnel, dry_run=dry_run)
+
+    def deferred(
+        self,
+        name: str,
+        task_id: str,
+        funnel: str,
+        delay: float,
+        *,
+        send_event: SendEvent | None = None,
+        **fields: Any,
+    ) -> None:
+        """A task waits ``delay`` seconds; ``fields``: ``deferrals``, ``booked``,
+        ``outage``, ``requeued``, ``dry_run``. ``send_event(type, **fields)`` sends the
+        Celery event (pass it only when events are on) unless it is a dry run."""
+        info: dict[str, Any] = {
+            "deferrals": 1,
+            "booked": False,
+            "outage": False,
+            "requeued": False,
+            "dry_run": False,
+            **fields,
+        }
+        signals.task_deferred.send(sender=name, task_id=task_id, funnel=funnel, delay=delay, **info)
+        dry_run = info["dry_run"]
+        record: dict[str, Any] = {"event": "deferred", "task": name, "task_id": task_id}
+        record["funnel"] = funnel
+        record.update(delay=round(delay, 6), **info)
+        logger.log(
+            logging.INFO if dry_run else logging.DEBUG,
+            "celery-funnel: %s %s",
+            "would defer (dry run)" if dry_run else "deferred",
+            " ".join(f"{k}={v}" for k, v in record.items() if k != "event"),
+            extra={"celery_funnel": record},
+        )
+        if send_event is not None and not dry_run:
+            send_event(EVENT, name=name, funnel=funnel, delay=delay, **info)
+
+    def refused(self, name: str, task_id: str, funnel: str, error: BaseException) -> None:
+        """The funnel fails a task with ``error``."""
+        signals.task_refused.send(sender=name, task_id=task_id, funnel=funnel, error=error)
+        record = {"event": "refused", "task": name, "task_id": task_id, "funnel": funnel}
+        logger.info(
+            "celery-funnel: refused task=%s task_id=%s funnel=%s error=%s",
+            name, task_id, funnel, type(error).__name__,
+            extra={"celery_funnel": {**record, "error": str(error)}},
+        )  # fmt: skip

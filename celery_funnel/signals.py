@@ -1,0 +1,46 @@
+"""celery-funnel's own signals, connected to like Celery's::
+
+    from celery_funnel import signals
+
+    @signals.task_deferred.connect
+    def on_deferred(sender, task_id, funnel, delay, **kwargs): ...
+
+The ``sender`` of the task signals is the task's name (``connect(sender="proj.fetch")``
+filters on it); the backend signals are sent by the Celery app. Receivers run in the
+process that made the decision: a pool process for ``FunnelTask``, the worker's main
+process for worker-wide limits (``funnel_limits``). Always accept ``**kwargs``: later
+versions may send more.
+"""
+
+from __future__ import annotations
+
+from celery.utils.dispatch import Signal
+
+__all__ = ["backend_error", "backend_recovered", "task_admitted", "task_deferred", "task_refused"]
+
+task_admitted = Signal(name="task_admitted", providing_args={"task_id", "funnel", "dry_run"})
+"""A task passed its funnel. ``funnel``: the task's name, or ``limit:<pattern>`` for a
+worker-wide limit."""
+
+task_deferred = Signal(
+    name="task_deferred",
+    providing_args={
+        "task_id", "funnel", "delay", "deferrals", "booked", "outage", "requeued", "dry_run"
+    },
+)  # fmt: skip
+"""A task was refused and waits ``delay`` seconds (float): ``requeued`` when it went back
+to the broker, else held in the worker. ``deferrals`` counts them so far; ``booked`` when
+a slot is reserved under the task id; ``outage`` when the wait is a back-off because the
+funnel's Redis failed; ``dry_run`` when the task runs anyway (``funnel_dry_run``)."""
+
+task_refused = Signal(name="task_refused", providing_args={"task_id", "funnel", "error"})
+"""The funnel failed a task: ``error`` is the exception it raises
+(``CostTooHighError``, ``TooManyDeferralsError`` or, with ``funnel_on_backend_error =
+"raise"``, ``BackendError``)."""
+
+backend_error = Signal(name="backend_error", providing_args={"error", "policy", "first"})
+"""A call to the funnel's Redis failed; ``first`` for the first failure of an outage
+(the one that is logged). ``policy``: the ``funnel_on_backend_error`` applied."""
+
+backend_recovered = Signal(name="backend_recovered", providing_args={"downtime"})
+"""The funnel's Redis answers again after an outage of ``downtime`` seconds (float)."""

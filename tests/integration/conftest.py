@@ -1,0 +1,64 @@
+"""Fixtures for the integration tests: what the package's signals and metrics report."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from celery_funnel import prometheus, signals
+
+
+class Recorder:
+    """Every signal of the package, as (signal name, kwargs) pairs."""
+
+    SIGNALS = (
+        "task_admitted",
+        "task_deferred",
+        "task_refused",
+        "backend_error",
+        "backend_recovered",
+    )
+
+    def __init__(self) -> None:
+        self.got: list[tuple[str, dict[str, Any]]] = []
+        self._lock = threading.Lock()
+
+    def receiver(self, name: str) -> Any:
+        def receive(sender: Any = None, **kwargs: Any) -> None:
+            kwargs.pop("signal", None)
+            with self._lock:
+                self.got.append((name, {"sender": sender, **kwargs}))
+
+        return receive
+
+    def of(self, name: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [kwargs for got, kwargs in self.got if got == name]
+
+
+@pytest.fixture
+def recorder() -> Iterator[Recorder]:
+    recorder = Recorder()
+    receivers = [(getattr(signals, n), recorder.receiver(n)) for n in Recorder.SIGNALS]
+    for signal, receiver in receivers:
+        signal.connect(receiver, weak=False)
+    yield recorder
+    for signal, receiver in receivers:
+        signal.disconnect(receiver)
+
+
+@pytest.fixture
+def registry() -> Iterator[CollectorRegistry]:
+    registry = CollectorRegistry()
+    metrics = prometheus.enable(registry)
+    yield registry
+    metrics.disconnect()
+
+
+def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    """A metric's value in ``registry`` (0 when never set)."""
+    return registry.get_sample_value(name, labels) or 0.0
