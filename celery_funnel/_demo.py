@@ -118,6 +118,12 @@ def run(rate_text: str, capacity: int, workers: int, tasks: int, url: str | None
             for n in range(tasks):
                 job.delay(n)
             print(f"sent {tasks} tasks at once", flush=True)
+            print(
+                "watch the funnel from another shell:\n"
+                f"  {' '.join(f'{k}={v}' for k, v in env.items())}"
+                " celery -A celery_funnel._demo_app funnel status",
+                flush=True,
+            )
             _progress(client, tasks, rate, start, timeout=tasks / rate.per_second * 3 + 30)
             rows = _starts(client)
         client.close()
