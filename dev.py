@@ -3,7 +3,7 @@
 
     python3 dev.py test    # lint, type-check and run the whole test suite
     python3 dev.py demo    # a funnel demo on a private Redis (no server to install)
-    python3 dev.py bench   # benchmarks (bench/)
+    python3 dev.py bench   # every benchmark: writes BENCHMARKS.md and bench/plots/
 
 Each command creates ./.venv on first use and installs the project into it.
 """
@@ -52,7 +52,7 @@ def main(argv: list[str]) -> None:
         sh(PY, "-m", "celery_funnel", "demo", *rest)
     elif command == "bench":
         ensure("test,bench")
-        sh(PY, "bench/core.py", *rest)
+        sh(PY, "bench/run.py", *rest)
     else:
         sys.exit(__doc__)
 

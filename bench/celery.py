@@ -110,6 +110,51 @@ def throughput(url: str, noops: int, rounds: int, pool: str) -> dict[str, float]
     }
 
 
+def correctness_table(url: str, tasks: int) -> str:
+    """Lost, duplicated, rate and re-queues for ``tasks`` tasks through one funnel."""
+    rows = {
+        "FunnelTask, reservation on": accuracy(url, "proj.limited", tasks, True, None),
+        "FunnelTask, reservation off": accuracy(url, "proj.limited", tasks, False, None),
+        "plain task, funnel_limits": accuracy(
+            url, "proj.plain", tasks, True, {"proj.plain": "10/s"}
+        ),
+    }
+    version = redis.Redis.from_url(url).info("server")["redis_version"]
+    lines = [
+        f"{tasks} tasks sent at once through one 10/s funnel of capacity 1, 2 workers x"
+        f" concurrency 2, Redis {version} broker and funnel; every task waited for",
+        "",
+        "| run | lost | run twice | admitted/s | most starts in 1 s | deferred | re-queues"
+        " | re-queues per deferred |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, r in rows.items():
+        per = f"{r['requeues'] / r['deferred']:.2f}" if r["deferred"] else "n/a (held in worker)"
+        lines.append(
+            f"| {name} | {r['lost']} | {r['twice']} | {r['rate']:.2f} | {r['peak']}"
+            f" | {r['deferred']} | {r['requeues']} | {per} |"
+        )
+    return "\n".join(lines)
+
+
+def overhead_table(url: str, noops: int, rounds: int) -> str:
+    """Never-limited FunnelTask against plain tasks, prefork and solo pools."""
+    lines = [
+        f"Never-limited no-ops on 1 worker, {rounds} alternating rounds of {noops} each"
+        " (median of paired ratios, range in brackets)",
+        "",
+        "| pool | plain tasks/s | FunnelTask tasks/s | FunnelTask / plain |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for pool in ("prefork", "solo"):
+        t = throughput(url, noops, rounds, pool)
+        lines.append(
+            f"| {pool} | {t['plain']:.0f} | {t['funnel']:.0f} |"
+            f" {t['ratio']:.3f} [{t['low']:.2f}-{t['high']:.2f}] |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="celery-funnel on real workers")
     parser.add_argument("--tasks", type=int, default=40)
@@ -117,45 +162,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=16)
     args = parser.parse_args()
     with RedisServer() as server:
-        rows = {
-            "FunnelTask, reservation on": accuracy(
-                server.url, "proj.limited", args.tasks, True, None
-            ),
-            "FunnelTask, reservation off": accuracy(
-                server.url, "proj.limited", args.tasks, False, None
-            ),
-            "plain task, funnel_limits": accuracy(
-                server.url, "proj.plain", args.tasks, True, {"proj.plain": "10/s"}
-            ),
-        }
-        print(
-            f"{args.tasks} tasks, one 10/s funnel of capacity 1, 2 workers x concurrency 2,"
-            f" Redis {server.version} broker and funnel\n"
-        )
-        print(
-            "| run | lost | run twice | admitted/s | most starts in 1 s | deferred | re-queues | re-queues per deferred |"
-        )
-        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-        for name, r in rows.items():
-            per = (
-                f"{r['requeues'] / r['deferred']:.2f}" if r["deferred"] else "n/a (held in worker)"
-            )
-            print(
-                f"| {name} | {r['lost']} | {r['twice']} | {r['rate']:.2f} | {r['peak']}"
-                f" | {r['deferred']} | {r['requeues']} | {per} |"
-            )
-        print(
-            f"\nNever-limited no-ops on 1 worker, {args.rounds} alternating rounds of"
-            f" {args.noops} each (median of paired ratios, range in brackets):\n"
-        )
-        print("| pool | plain tasks/s | FunnelTask tasks/s | FunnelTask / plain |")
-        print("| --- | ---: | ---: | ---: |")
-        for pool in ("prefork", "solo"):
-            t = throughput(server.url, args.noops, args.rounds, pool)
-            print(
-                f"| {pool} | {t['plain']:.0f} | {t['funnel']:.0f} |"
-                f" {t['ratio']:.3f} [{t['low']:.2f}-{t['high']:.2f}] |"
-            )
+        print(correctness_table(server.url, args.tasks))
+        print()
+        print(overhead_table(server.url, args.noops, args.rounds))
 
 
 if __name__ == "__main__":

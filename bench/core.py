@@ -3,8 +3,12 @@
 
 For each limiter: client p50 and p99 of one public call (``funnel.throttle(...)`` and so
 on, answer built), interleaved call by call with PING on the same connection, and the
-server's microseconds per call from ``INFO commandstats`` (EVALSHA, which includes the
-script's own Redis calls). Two reference scripts run in the same rounds: ``return 1``
+server's microseconds per decision from ``INFO commandstats`` (EVALSHA, whose time
+includes the Redis calls its script makes; every limiter here, ours and the others,
+makes one EVALSHA per decision, which the table shows). In the same rounds, on the
+same Redis and connection pool: the ``limits`` library (fixed, moving and
+sliding-counter windows) and ``pyrate-limiter`` (its Redis bucket), when installed
+(``pip install -e .[bench]``). Two reference scripts run in the same rounds: ``return 1``
 (the EVALSHA floor) and TIME + GET + SET with literal arguments (the three calls any
 GCRA on the server's clock needs, with no maths). The limiters take turns in several
 rounds and the table gives the median over rounds, so drift on a shared machine falls
@@ -31,6 +35,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import redis
@@ -50,6 +55,37 @@ FLOOR_SCRIPTS = {
 BIG = 10**9  # funnels that never refuse in a run: every call takes the write path
 
 
+def third_party(client: redis.Redis) -> dict[str, Callable[[], Any]]:
+    """The alternatives users would pick, when installed: never-refusing limits too."""
+    rows: dict[str, Callable[[], Any]] = {}
+    try:
+        from limits import parse, strategies
+        from limits.storage import RedisStorage
+    except ImportError:
+        print("limits not installed: its rows are skipped", file=sys.stderr)
+    else:
+        url = "redis://{host}:{port}".format(**client.connection_pool.connection_kwargs)
+        storage = RedisStorage(url, connection_pool=client.connection_pool)
+        item = parse(f"{BIG}/minute")
+        for name, strategy in (
+            ("fixed window", strategies.FixedWindowRateLimiter),
+            ("moving window", strategies.MovingWindowRateLimiter),
+            ("sliding window counter", strategies.SlidingWindowCounterRateLimiter),
+        ):
+            limiter = strategy(storage)
+            rows[f"limits: {name}"] = partial(limiter.hit, item, f"b:limits:{name}")
+    try:
+        from pyrate_limiter import Duration, Limiter, Rate
+        from pyrate_limiter.buckets.redis_bucket import RedisBucket
+    except ImportError:
+        print("pyrate-limiter not installed: its row is skipped", file=sys.stderr)
+    else:
+        bucket = RedisBucket.init([Rate(BIG, Duration.MINUTE)], client, "b:pyrate")
+        pyrate = Limiter(bucket)
+        rows["pyrate-limiter: Redis bucket"] = partial(pyrate.try_acquire, "b", blocking=False)
+    return rows
+
+
 def limiters(funnel: RedisFunnel) -> dict[str, Callable[[], Any]]:
     """One zero-argument call per row."""
     client = funnel.client
@@ -66,7 +102,25 @@ def limiters(funnel: RedisFunnel) -> dict[str, Callable[[], Any]]:
         "fixed window": lambda: funnel.fixed_window("b:fw", BIG, 60),
         "sliding window (10 counters)": lambda: funnel.sliding_window("b:sw", BIG, 60),
         "sliding log (~50 entries)": lambda: funnel.sliding_log("b:log", BIG, 0.01),
+        **third_party(client),
     }
+
+
+OURS = ("gcra", "reserve", "fixed window", "sliding window (", "sliding log")
+HARNESS = {"cmdstat_ping", "cmdstat_config", "cmdstat_info", "cmdstat_script"}
+SCRIPTS = {"cmdstat_evalsha", "cmdstat_eval"}
+
+
+def server_usec(stats: dict[str, Any]) -> tuple[float, int, int]:
+    """Server microseconds of the scripts (their inner calls included), the scripts'
+    count, and the count of every other command (inner calls, mostly)."""
+    scripts = [v for k, v in stats.items() if k in SCRIPTS]
+    others = [v for k, v in stats.items() if k not in SCRIPTS | HARNESS]
+    return (
+        float(sum(r["usec"] for r in scripts)),
+        int(sum(r["calls"] for r in scripts)),
+        int(sum(r["calls"] for r in others)),
+    )
 
 
 def _timed(call: Callable[[], Any]) -> float:
@@ -85,14 +139,16 @@ def measure(client: redis.Redis, call: Callable[[], Any], calls: int) -> dict[st
     for _ in range(calls):
         ours.append(_timed(call))
         pings.append(_timed(client.ping))
-    stats = client.info("commandstats")
+    usec, scripts, others = server_usec(client.info("commandstats"))
     p50, ping = statistics.median(ours), statistics.median(pings)
     return {
         "p50": p50,
         "p99": statistics.quantiles(ours, n=100)[98],
         "ping": ping,
         "ratio": p50 / ping,
-        "server": float(stats["cmdstat_evalsha"]["usec_per_call"]),
+        "server": usec / calls,
+        "scripts": scripts / calls,
+        "inner": others / calls,
     }
 
 
@@ -127,15 +183,41 @@ def table(rows: dict[str, dict[str, float]], version: str, calls: int, rounds: i
         f" (hiredis {redis.utils.HIREDIS_AVAILABLE}); median of {rounds} rounds"
         f" of {calls} calls each",
         "",
-        "| call | p50 us | p99 us | PING p50 us | p50 / PING | server us/call |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| call | p50 us | p99 us | PING p50 us | p50 / PING | server us/decision"
+        " | EVALSHA/decision | calls inside |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     body = [
         f"| {name} | {r['p50']:.1f} | {r['p99']:.1f} | {r['ping']:.1f}"
-        f" | {r['ratio']:.3f} | {r['server']:.2f} |"
+        f" | {r['ratio']:.3f} | {r['server']:.2f} | {r['scripts']:.2f} | {r['inner']:.2f} |"
         for name, r in rows.items()
     ]
     return "\n".join(head + body)
+
+
+def plot(rows: dict[str, dict[str, float]], path: Path) -> None:
+    """Two bar charts: p50 / PING and server us per decision, ours against the rest."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in rows if not n.startswith("ref:")]
+    colours = ["tab:blue" if n.startswith(OURS) else "tab:gray" for n in names]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 0.45 * len(names) + 1.5), sharey=True)
+    for ax, field, label in (
+        (axes[0], "ratio", "client p50 / PING p50 (same connection)"),
+        (axes[1], "server", "server us per decision (INFO commandstats)"),
+    ):
+        ax.barh(names, [rows[n][field] for n in names], color=colours)
+        ax.set_xlabel(label)
+        ax.invert_yaxis()
+        ax.grid(axis="x", alpha=0.3)
+    axes[0].axvline(1.0, color="black", linewidth=0.8)
+    fig.suptitle("Per decision: celery-funnel (blue) against limits and pyrate-limiter (gray)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main() -> None:

@@ -156,6 +156,18 @@ def make_app(
     def noop_plain() -> None:
         return None
 
+    # the accuracy benchmark's pair: the same load, one shared funnel or Celery's own
+    # rate_limit (per worker)
+    steady_rate = os.environ.get("FUNNEL_TEST_RATE", "20/s")
+
+    @funnel_task("proj.steady", funnel_rate=steady_rate, ignore_result=True)
+    def steady(self: Any, n: int = 0) -> None:
+        record(self, n)
+
+    @task("proj.steady_celery", bind=True, rate_limit=steady_rate, ignore_result=True)
+    def steady_celery(self: Any, n: int = 0) -> None:
+        record(self, n)
+
     return app
 
 
