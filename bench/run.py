@@ -116,7 +116,7 @@ def main() -> None:
     steps: list[tuple[str, str, Callable[[], str]]] = [
         ("Per decision", CORE, partial(section_core, *((300, 1) if quick else (2000, 3)))),
         ("Celery: correctness and overhead", CELERY,
-         partial(section_celery, *((12, 50, 2) if quick else (40, 200, 8)))),
+         partial(section_celery, *((12, 50, 2) if quick else (40, 300, 16)))),
         ("Distributed accuracy", ACCURACY,
          partial(section_accuracy, *((5.0, [2]) if quick else (60.0, [2, 4])))),
         ("Memory", MEMORY, partial(section_memory, 2000 if quick else 100_000)),

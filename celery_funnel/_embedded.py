@@ -136,12 +136,20 @@ class RedisServer:
 
 class CeleryWorkers:
     """``count`` real ``celery worker`` processes for ``app`` (a ``-A`` target), named
-    ``w1@host`` …, sharing ``env``; stopped together (warm shutdown, then SIGKILL)."""
+    ``w1@host`` … (``prefix`` instead of ``w``), sharing ``env``; stopped together (warm
+    shutdown, then SIGKILL)."""
 
     def __init__(
-        self, app: str, count: int, env: dict[str, str], *options: str, cwd: str | None = None
+        self,
+        app: str,
+        count: int,
+        env: dict[str, str],
+        *options: str,
+        cwd: str | None = None,
+        prefix: str = "w",
     ) -> None:
         self.app, self.count, self.env, self.options, self.cwd = app, count, env, options, cwd
+        self.prefix = prefix
         self.processes: list[subprocess.Popen[bytes]] = []
         self._logs = tempfile.TemporaryDirectory(prefix="celery-funnel-workers-")
 
@@ -161,7 +169,7 @@ class CeleryWorkers:
                         self.app,
                         "worker",
                         "-n",
-                        f"w{number}@%h",
+                        f"{self.prefix}{number}@%h",
                         "--without-gossip",
                         "--without-mingle",
                         "--without-heartbeat",

@@ -1,5 +1,6 @@
-"""Fixtures: private redis-server processes (one per binary found), and funnels over
-every backend so that one table checks the Lua scripts and their Python twins alike.
+"""Fixtures: private redis-server processes (one per binary found, and a 3-master Redis
+Cluster), and funnels over every backend so that one table checks the Lua scripts and
+their Python twins alike, standalone and clustered.
 
 ``REDIS_URL`` replaces the private servers with an existing one (its keys are left
 alone: every test uses keys of its own).
@@ -16,6 +17,7 @@ import redis
 
 from celery_funnel import Funnel, MemoryFunnel, RedisFunnel
 from celery_funnel._embedded import RedisServer, find_redis_servers, server_version
+from tests.servers import RedisClusterServers, redis_cli
 
 
 def _server_ids() -> dict[str, str | None]:
@@ -29,6 +31,8 @@ def _server_ids() -> dict[str, str | None]:
 
 
 SERVERS = _server_ids()
+# the Lua scripts run on a 3-master Redis Cluster too, where private servers can be made
+CLUSTER = ["cluster"] if "redis-url" not in SERVERS and SERVERS and redis_cli() else []
 
 
 class ServerPool:
@@ -36,6 +40,12 @@ class ServerPool:
 
     def __init__(self) -> None:
         self.running: dict[str, RedisServer] = {}
+        self.cluster: RedisClusterServers | None = None
+
+    def cluster_url(self) -> str:
+        if self.cluster is None:
+            self.cluster = RedisClusterServers(3).start()
+        return self.cluster.url
 
     def url(self, server_id: str) -> str:
         binary = SERVERS[server_id]
@@ -48,6 +58,8 @@ class ServerPool:
     def stop(self) -> None:
         for server in self.running.values():
             server.stop()
+        if self.cluster is not None:
+            self.cluster.stop()
 
 
 @pytest.fixture(scope="session")
@@ -59,7 +71,8 @@ def server_pool() -> Iterator[ServerPool]:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend_id" in metafunc.fixturenames:
-        ids = ["memory", *SERVERS] if "funnel" in metafunc.fixturenames else list(SERVERS)
+        funnels = "funnel" in metafunc.fixturenames
+        ids = ["memory", *SERVERS, *CLUSTER] if funnels else list(SERVERS)
         marks = {i: [] if i == "memory" else [pytest.mark.redis] for i in ids}
         metafunc.parametrize(
             "backend_id", [pytest.param(i, id=i, marks=marks[i]) for i in ids], indirect=True
@@ -90,7 +103,8 @@ def funnel(backend_id: str, server_pool: ServerPool) -> Iterator[Funnel]:
     if backend_id == "memory":
         yield MemoryFunnel()
         return
-    backend = RedisFunnel.from_url(server_pool.url(backend_id), socket_timeout=5)
+    url = server_pool.cluster_url() if backend_id == "cluster" else server_pool.url(backend_id)
+    backend = RedisFunnel.from_url(url, socket_timeout=5)
     yield backend
     backend.client.close()
 

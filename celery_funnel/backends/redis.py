@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import redis
 from redis.exceptions import NoScriptError, RedisError
 
 from .._errors import BackendError, ConfigurationError
 from .._keys import companion_key
 from .._scripts import Arg, Reply, Script
 from ..strategies.sliding_window import MAX_WINDOWS
+from ._clients import client_from_url
 from .base import Funnel
 
 # A dead Redis must cost a caller a short wait, never a hang.
@@ -37,20 +37,17 @@ class RedisFunnel(Funnel):
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisFunnel:
-        """A ``RedisFunnel`` on a new client for ``url`` (``redis://``, ``rediss://``,
-        ``unix://``). Socket timeouts default to 2 seconds; ``options`` go to
-        ``redis.Redis.from_url``.
+        """A ``RedisFunnel`` on a new client for ``url``: ``redis://``, ``rediss://``,
+        ``unix://``, ``redis+cluster://host:port[,...]`` (Redis Cluster) or
+        ``redis+sentinel://host:port[,...]/service[/db]`` (Sentinel). Socket timeouts
+        default to 2 seconds; ``options`` go to the redis-py client.
 
         Raises:
             ConfigurationError: when the URL cannot be parsed.
         """
         options.setdefault("socket_timeout", DEFAULT_TIMEOUT_SECONDS)
         options.setdefault("socket_connect_timeout", DEFAULT_TIMEOUT_SECONDS)
-        try:
-            client = redis.Redis.from_url(url, **options)
-        except ValueError as exc:
-            raise ConfigurationError(f"invalid Redis URL {url!r}: {exc}") from exc
-        return cls(client)
+        return cls(client_from_url(url, **options))
 
     def _eval(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
         try:

@@ -62,3 +62,13 @@ def registry() -> Iterator[CollectorRegistry]:
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
     """A metric's value in ``registry`` (0 when never set)."""
     return registry.get_sample_value(name, labels) or 0.0
+
+
+def peak(starts: list[float], window: float = 1.0) -> int:
+    """The most starts in any ``window`` seconds."""
+    starts, best, first = sorted(starts), 0, 0
+    for last, at in enumerate(starts):
+        while at - starts[first] >= window:
+            first += 1
+        best = max(best, last - first + 1)
+    return best

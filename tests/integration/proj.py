@@ -7,6 +7,7 @@ list ``runs``, so that tests can count executions and their times.
 
 from __future__ import annotations
 
+import datetime
 import gc
 import json
 import os
@@ -168,6 +169,11 @@ def make_app(
     def steady_celery(self: Any, n: int = 0) -> None:
         record(self, n)
 
+    # the soak's task: a funnel per customer; it only counts, so that the store stays flat
+    @funnel_task("proj.soak", funnel_rate=steady_rate, funnel_key="{customer}", ignore_result=True)
+    def soak(self: Any, customer: str) -> None:
+        store.incr("soak:done")
+
     return app
 
 
@@ -188,8 +194,25 @@ def runs(funnel_url: str) -> list[dict[str, Any]]:
         return [json.loads(item) for item in store.lrange(RUNS, 0, -1)]
 
 
+def skew_clock(app: Celery, seconds: float) -> None:
+    """Make this process's wall clock, as Celery and kombu read it, ``seconds`` off: the
+    ETA it computes when it publishes (``app.now``) and the one it compares when it
+    receives (kombu's timer). The funnel never reads it: it runs on Redis's clock."""
+    from kombu.asynchronous import timer
+
+    wall, now = time.time, app.now
+    timer._time = lambda: wall() + seconds  # type: ignore[attr-defined]
+    app.now = lambda: now() + datetime.timedelta(seconds=seconds)
+
+
 if os.environ.get("FUNNEL_TEST_BROKER"):
     limits = os.environ.get("FUNNEL_TEST_LIMITS")
+    extra: dict[str, Any] = {}
+    if os.environ.get("FUNNEL_TEST_VISIBILITY"):
+        visibility = float(os.environ["FUNNEL_TEST_VISIBILITY"])
+        extra["broker_transport_options"] = {"visibility_timeout": visibility}
+    if os.environ.get("FUNNEL_TEST_ACKS_LATE") == "1":
+        extra["task_acks_late"] = True
     app = make_app(
         os.environ["FUNNEL_TEST_BROKER"],
         os.environ["FUNNEL_TEST_REDIS"],
@@ -197,4 +220,7 @@ if os.environ.get("FUNNEL_TEST_BROKER"):
         quorum=os.environ.get("FUNNEL_TEST_QUORUM") == "1",
         funnel_limits=json.loads(limits) if limits else {},
         funnel_reservation=os.environ.get("FUNNEL_TEST_RESERVATION", "1") == "1",
+        **extra,
     )
+    if os.environ.get("FUNNEL_TEST_SKEW"):
+        skew_clock(app, float(os.environ["FUNNEL_TEST_SKEW"]))

@@ -1,0 +1,183 @@
+"""The fault matrix: real Redis servers, real ``celery worker`` processes, faults made
+for real (servers killed and restarted, workers SIGKILLed, a broker that redelivers
+after its visibility timeout, skewed worker clocks, a 10 000-task burst). Each case
+asserts that no task is lost, counts the tasks run twice (and says when Celery's own
+at-least-once delivery allows them), and checks that the limit held.
+
+The funnels' own Redis killed and restarted under every ``funnel_on_backend_error``
+policy is covered in test_celery_outage.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_funnel._embedded import CeleryWorkers, RedisServer
+from tests.conftest import SERVERS, ServerPool
+from tests.integration.conftest import peak
+from tests.integration.proj import close_app, make_app, runs
+from tests.polling import wait_for
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+ROOT = str(Path(__file__).resolve().parents[2])
+
+
+@pytest.fixture
+def funnel_url(server_pool: ServerPool) -> str:
+    """The funnels and the run records: a server that no fault touches."""
+    url = server_pool.url(next(iter(SERVERS)))
+    with redis.Redis.from_url(url) as client:
+        client.flushall()
+    return url
+
+
+@pytest.fixture
+def broker() -> Iterator[RedisServer]:
+    """The broker's own Redis, persisting every write, so that a restart keeps the
+    queue (as a production broker would)."""
+    with RedisServer(None, None, "--appendonly", "yes", "--appendfsync", "always") as server:
+        yield server
+
+
+def start_workers(
+    broker_url: str,
+    funnel_url: str,
+    count: int = 2,
+    env: dict[str, str] | None = None,
+    prefix: str = "w",
+) -> CeleryWorkers:
+    base = {"FUNNEL_TEST_BROKER": broker_url, "FUNNEL_TEST_REDIS": funnel_url}
+    return CeleryWorkers(
+        "tests.integration.proj", count, {**base, **(env or {})}, "-c", "2", "-Q", "proj",
+        cwd=ROOT, prefix=prefix,
+    )  # fmt: skip
+
+
+def outcome(funnel_url: str, name: str, sent: int) -> dict[str, Any]:
+    """Lost tasks, tasks run twice and the most starts in 1 s, from the run records."""
+    recorded = [r for r in runs(funnel_url) if r["name"] == name]
+    ids = Counter(r["id"] for r in recorded)
+    return {
+        "ran": len(ids),
+        "lost": sent - len(ids),
+        "twice": sum(n - 1 for n in ids.values()),
+        "peak": peak([r["at"] for r in recorded]),
+    }
+
+
+def send(app: Celery, name: str, count: int) -> None:
+    with app.producer_or_acquire() as producer:
+        for n in range(count):
+            app.tasks[name].apply_async((n,), producer=producer)
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a worker and its pool processes at once: a machine lost, not a shutdown."""
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    pids = [int(p) for p in children.read_text().split()] if children.exists() else []
+    for target in [pid, *pids]:
+        with contextlib.suppress(ProcessLookupError):  # already gone
+            os.kill(target, signal.SIGKILL)
+
+
+def test_broker_redis_restarted_mid_run(funnel_url: str, broker: RedisServer) -> None:
+    app = make_app(broker.url, funnel_url, task_ignore_result=True)
+    with start_workers(broker.url, funnel_url, env={"FUNNEL_TEST_VISIBILITY": "10"}) as workers:
+        send(app, "proj.limited", 30)  # 10/s, capacity 1: 3 s of work, most deferred
+        wait_for(lambda: len(runs(funnel_url)) >= 5)
+        broker.kill()
+        wait_for(lambda: "Connection to broker lost" in workers.logs(), 30)
+        broker.start()
+        wait_for(lambda: outcome(funnel_url, "proj.limited", 30)["ran"] == 30, 90)
+    close_app(app)
+    result = outcome(funnel_url, "proj.limited", 30)
+    assert result["lost"] == 0
+    assert result["twice"] == 0
+    assert result["peak"] <= 11, "10/s, capacity 1"
+
+
+def test_worker_sigkilled_while_tasks_are_deferred_with_acks_late(
+    funnel_url: str, broker: RedisServer
+) -> None:
+    app = make_app(broker.url, funnel_url, task_ignore_result=True)
+    env = {"FUNNEL_TEST_VISIBILITY": "6", "FUNNEL_TEST_ACKS_LATE": "1"}
+    with start_workers(broker.url, funnel_url, env=env) as workers:
+        send(app, "proj.limited", 30)
+        wait_for(lambda: len(runs(funnel_url)) >= 5)
+        kill_tree(workers.processes[0].pid)
+        # the dead worker's un-acked messages come back after the visibility timeout
+        wait_for(lambda: outcome(funnel_url, "proj.limited", 30)["ran"] == 30, 90)
+    close_app(app)
+    result = outcome(funnel_url, "proj.limited", 30)
+    assert result["lost"] == 0
+    # acks_late is at-least-once: a task running (or re-published but not yet acked)
+    # when its worker died runs again, at most one per pool process of that worker
+    assert result["twice"] <= 2
+    assert result["peak"] <= 11
+
+
+@pytest.mark.parametrize(
+    ("task", "limits"),
+    [("proj.slow", None), ("proj.plain", '{"proj.plain": "1/2s"}')],
+    ids=["FunnelTask", "funnel_limits"],
+)
+def test_waits_longer_than_the_visibility_timeout_run_once(
+    funnel_url: str, broker: RedisServer, task: str, limits: str | None
+) -> None:
+    """1 task per 2 s, 5 tasks: the last waits 8 s, twice the broker's 4 s visibility
+    timeout; the countdown cap (2 s) keeps every message acked or given back in time."""
+    env = {"FUNNEL_TEST_VISIBILITY": "4", **({"FUNNEL_TEST_LIMITS": limits} if limits else {})}
+    app = make_app(broker.url, funnel_url, task_ignore_result=True)
+    with start_workers(broker.url, funnel_url, env=env):
+        send(app, task, 5)
+        wait_for(lambda: outcome(funnel_url, task, 5)["ran"] == 5, 60)
+        # a redelivery after the visibility timeout would show up within it
+        deadline_runs = len(runs(funnel_url))
+        with pytest.raises(AssertionError):
+            wait_for(lambda: len(runs(funnel_url)) > deadline_runs, 5)
+    close_app(app)
+    result = outcome(funnel_url, task, 5)
+    assert (result["lost"], result["twice"]) == (0, 0)
+    starts = sorted(r["at"] for r in runs(funnel_url) if r["name"] == task)
+    assert starts[-1] - starts[0] >= 4 * 2 - 0.2, "one start per 2 s"
+
+
+def test_sixty_seconds_of_clock_skew_between_two_workers(funnel_url: str) -> None:
+    """One worker's clock runs 60 s ahead. The funnel decides on Redis's clock, so the
+    limit holds; Celery's ETAs are wall-clock times, so a task that one worker defers
+    may wait up to 60 s more in the other (Celery's ETAs need synchronised clocks)."""
+    app = make_app(funnel_url, funnel_url, task_ignore_result=True)
+    fast = start_workers(funnel_url, funnel_url, 1, {"FUNNEL_TEST_SKEW": "60"}, "fast")
+    normal = start_workers(funnel_url, funnel_url, 1, prefix="normal")
+    with fast, normal:
+        send(app, "proj.limited", 20)
+        wait_for(lambda: outcome(funnel_url, "proj.limited", 20)["ran"] == 20, 240)
+    close_app(app)
+    result = outcome(funnel_url, "proj.limited", 20)
+    assert (result["lost"], result["twice"]) == (0, 0)
+    assert result["peak"] <= 11, "the server clock rules: 10/s held"
+    workers = {r["worker"].split("@")[0] for r in runs(funnel_url)}
+    assert workers == {"fast1", "normal1"}, "both clocks took part"
+
+
+def test_a_burst_of_ten_thousand_tasks_on_one_funnel(funnel_url: str) -> None:
+    app = make_app(funnel_url, funnel_url, task_ignore_result=True)
+    with start_workers(funnel_url, funnel_url, env={"FUNNEL_TEST_RATE": "500/s"}):
+        send(app, "proj.steady", 10_000)
+        wait_for(lambda: outcome(funnel_url, "proj.steady", 10_000)["ran"] == 10_000, 240)
+    close_app(app)
+    result = outcome(funnel_url, "proj.steady", 10_000)
+    assert (result["lost"], result["twice"]) == (0, 0)
+    assert result["peak"] <= 501, "500/s, capacity 1"
+    deferrals = [r["deferrals"] for r in runs(funnel_url)]
+    assert max(deferrals) <= 3, "reservations: few re-queues even in a burst"
