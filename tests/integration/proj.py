@@ -210,7 +210,12 @@ if os.environ.get("FUNNEL_TEST_BROKER"):
     extra: dict[str, Any] = {}
     if os.environ.get("FUNNEL_TEST_VISIBILITY"):
         visibility = float(os.environ["FUNNEL_TEST_VISIBILITY"])
-        extra["broker_transport_options"] = {"visibility_timeout": visibility}
+        # scan for messages past the visibility timeout every second, not every 100 s
+        extra["broker_transport_options"] = {
+            "visibility_timeout": visibility,
+            "unacked_restore_interval": 1,
+            "unacked_restore_throttle": 1,
+        }
     if os.environ.get("FUNNEL_TEST_ACKS_LATE") == "1":
         extra["task_acks_late"] = True
     app = make_app(
