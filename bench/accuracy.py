@@ -31,6 +31,7 @@ import redis
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.celery import max_in_window
 from celery_funnel import Rate
 from celery_funnel._embedded import CeleryWorkers, RedisServer
 from tests.integration.proj import close_app, make_app, runs
@@ -40,16 +41,6 @@ MODES = {
     "funnel, reservation off": ("proj.steady", "0"),
     "Celery rate_limit (per worker)": ("proj.steady_celery", "1"),
 }
-
-
-def peak(starts: list[float], window: float = 1.0) -> int:
-    """The most starts in any ``window`` seconds."""
-    starts, best, first = sorted(starts), 0, 0
-    for last, at in enumerate(starts):
-        while at - starts[first] >= window:
-            first += 1
-        best = max(best, last - first + 1)
-    return best
 
 
 def produce(app: Any, task: str, per_second: float, stop: threading.Event) -> None:
@@ -98,7 +89,7 @@ def one_run(mode: str, workers: int, seconds: float, rate: str) -> dict[str, Any
         "starts": starts,
         "first": first,
         "rate": len(starts) / seconds,
-        "peak": peak(starts),
+        "peak": max_in_window(starts),
         "twice": sum(n - 1 for n in ids.values()),
         "requeues": (sum(r["deferrals"] for r in deferred) / len(deferred)) if deferred else 0.0,
         "deferred": len(deferred),

@@ -11,21 +11,11 @@ import pytest
 import redis
 
 from celery_funnel._embedded import CeleryWorkers
+from tests.integration.conftest import peak
 from tests.integration.proj import close_app, make_app, runs
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 ROOT = str(Path(__file__).resolve().parents[2])
-
-
-def max_in_window(starts: list[float], window: float = 1.0) -> int:
-    """The most starts in any ``window`` seconds."""
-    starts = sorted(starts)
-    best, first = 0, 0
-    for last, at in enumerate(starts):
-        while at - starts[first] >= window:
-            first += 1
-        best = max(best, last - first + 1)
-    return best
 
 
 @pytest.fixture
@@ -52,5 +42,5 @@ def test_two_workers_share_one_funnel(
     recorded = [r for r in runs(redis_url) if r["name"] == task]
     assert sorted(r["args"][0] for r in recorded) == list(range(20)), "each ran exactly once"
     assert len({r["worker"] for r in recorded}) == 2, "both workers took part"
-    assert max_in_window([r["at"] for r in recorded]) <= 11  # 10/s, capacity 1
+    assert peak([r["at"] for r in recorded]) <= 11  # 10/s, capacity 1
     close_app(app)

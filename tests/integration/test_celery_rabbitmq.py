@@ -14,8 +14,8 @@ from kombu.connection import Connection
 from kombu.entity import Queue
 
 from celery_funnel._embedded import CeleryWorkers
+from tests.integration.conftest import peak
 from tests.integration.proj import close_app, make_app, runs
-from tests.integration.test_celery_cluster import max_in_window
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.rabbitmq]
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -58,7 +58,7 @@ def test_two_workers_share_one_funnel_on_rabbitmq(
             assert sorted(r.get(timeout=90) for r in results) == list(range(20))
         recorded = [r for r in runs(redis_url) if r["name"] == "proj.limited"]
         assert sorted(r["args"][0] for r in recorded) == list(range(20)), "each ran exactly once"
-        assert max_in_window([r["at"] for r in recorded]) <= 11  # 10/s, capacity 1
+        assert peak([r["at"] for r in recorded]) <= 11  # 10/s, capacity 1
     finally:
         close_app(app)
         with Connection(amqp_url) as connection:

@@ -63,6 +63,11 @@ def start_workers(
     )  # fmt: skip
 
 
+def report(case: str, result: dict[str, Any]) -> None:
+    """One line per case, for the README's failure-mode table (``pytest -s``)."""
+    print(f"\nfault {case}: {result}")
+
+
 def outcome(funnel_url: str, name: str, sent: int) -> dict[str, Any]:
     """Lost tasks, tasks run twice and the most starts in 1 s, from the run records."""
     recorded = [r for r in runs(funnel_url) if r["name"] == name]
@@ -119,6 +124,7 @@ def test_broker_redis_restarted_mid_run(funnel_url: str, broker: RedisServer) ->
         workers.stop()
     close_app(app)
     result = outcome(funnel_url, "proj.limited", 30)
+    report("broker restart", result)
     assert result["lost"] == 0
     assert result["twice"] == 0
     assert result["peak"] <= 11, "10/s, capacity 1"
@@ -137,6 +143,7 @@ def test_worker_sigkilled_while_tasks_are_deferred_with_acks_late(
         wait_for(lambda: outcome(funnel_url, "proj.limited", 30)["ran"] == 30, 90)
     close_app(app)
     result = outcome(funnel_url, "proj.limited", 30)
+    report("worker SIGKILL, acks_late", result)
     assert result["lost"] == 0
     # acks_late is at-least-once: a task running (or re-published but not yet acked)
     # when its worker died runs again, at most one per pool process of that worker
@@ -165,6 +172,7 @@ def test_waits_longer_than_the_visibility_timeout_run_once(
             wait_for(lambda: len(runs(funnel_url)) > deadline_runs, 5)
     close_app(app)
     result = outcome(funnel_url, task, 5)
+    report(f"wait past visibility timeout, {task}", result)
     assert (result["lost"], result["twice"]) == (0, 0)
     starts = sorted(r["at"] for r in runs(funnel_url) if r["name"] == task)
     assert starts[-1] - starts[0] >= 4 * 2 - 0.2, "one start per 2 s"
@@ -182,6 +190,8 @@ def test_sixty_seconds_of_clock_skew_between_two_workers(funnel_url: str) -> Non
         wait_for(lambda: outcome(funnel_url, "proj.limited", 20)["ran"] == 20, 240)
     close_app(app)
     result = outcome(funnel_url, "proj.limited", 20)
+    starts = sorted(r["at"] for r in runs(funnel_url))
+    report("60 s clock skew", {**result, "span": round(starts[-1] - starts[0], 1)})
     assert (result["lost"], result["twice"]) == (0, 0)
     assert result["peak"] <= 11, "the server clock rules: 10/s held"
     workers = {r["worker"].split("@")[0] for r in runs(funnel_url)}
@@ -199,10 +209,8 @@ def test_a_burst_of_ten_thousand_tasks_on_one_funnel(funnel_url: str) -> None:
     assert result["peak"] <= 501, "500/s, capacity 1"
     deferrals = [r["deferrals"] for r in runs(funnel_url)]
     deferred = [d for d in deferrals if d]
-    print(  # the figures the README's failure-mode table reports
-        f"burst: {len(deferred)} deferred, {sum(deferred) / len(deferred):.2f} re-queues each,"
-        f" at most {max(deferred)}; peak {result['peak']}/s"
-    )
+    per = round(sum(deferred) / len(deferred), 2)
+    report("10 000-task burst", {**result, "requeues_per_deferred": per, "most": max(deferred)})
     # The workers run ~160-300 tasks/s here, below the 500/s limit: booked slots pass
     # while tasks queue in the workers, so late tickets book again (measured: about 3
     # re-queues per deferred task, at most ~20). Far from funnel_max_deferrals.
