@@ -141,7 +141,8 @@ def plot(
             r = results[count, mode]
             per = Counter(int(at - r["first"]) for at in r["starts"])
             xs = list(range(int(seconds)))
-            ax.plot(xs, [per[x] for x in xs], label=mode, linewidth=1.2)
+            on_top = 3 if mode == "funnel, reservation on" else 2
+            ax.plot(xs, [per[x] for x in xs], label=mode, linewidth=1.4, zorder=on_top)
         ax.axhline(limit, color="black", linestyle="--", linewidth=0.8, label=f"limit {rate}")
         ax.set_title(f"{count} worker processes")
         ax.set_xlabel("second of the run")

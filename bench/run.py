@@ -147,8 +147,9 @@ ACCURACY = """2 and 4 `celery worker` processes (prefork, concurrency 2) share o
 of capacity 1 for 60 s, with tasks offered steadily at 1.5 x 20/s x the workers. The
 same load under Celery's own `rate_limit="20/s"` shows why this package exists: it is
 per worker, so the first second runs workers x 20. (After that, on the Redis transport,
-Celery's rate-limited tasks slow to about one per second per worker: celery/celery#5927,
-open; the per-worker burst is the point of the contrast.) Starts are the tasks' own
+Celery's rate-limited tasks slow to about one per second per worker, with or without
+celery-funnel installed (checked with a plain Celery app): celery/celery#5927, open. The
+per-worker burst is the point of the contrast.) Starts are the tasks' own
 records; a task started twice would count twice."""
 
 MEMORY = """Redis `used_memory` before and after one decision on each of 100 000 distinct
