@@ -15,9 +15,11 @@ import redis
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from redis.cluster import RedisCluster
+from redis.sentinel import SentinelConnectionPool
 
 from celery_funnel import BackendError, Funnel, RedisFunnel, Shape
 from celery_funnel._errors import ConfigurationError
+from celery_funnel._runtime import runtime_for
 from tests.conftest import CLUSTER, SERVERS, ServerPool
 from tests.integration.proj import close_app, make_app, runs
 from tests.polling import wait_for
@@ -92,6 +94,23 @@ def test_every_limiter_keeps_its_state_across_a_sentinel_failover(
         assert call(funnel, f"{keys[name]}-new"), f"{name}: new funnels work"
     assert failures <= 2, "one reconnection, not a stream of errors"
     funnel.client.close()
+
+
+def test_celery_tasks_share_funnels_through_a_sentinel_url(
+    sentinel_servers: SentinelServers, broker_url: str
+) -> None:
+    app: Celery = make_app(broker_url, broker_url, task_ignore_result=True)
+    app.conf.funnel_redis_url = sentinel_servers.url
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        for i in range(4):
+            app.tasks["proj.limited"].delay(i)
+        wait_for(lambda: len(runs(broker_url)) >= 4, 30)
+    recorded = runs(broker_url)
+    assert sorted(r["args"][0] for r in recorded) == [0, 1, 2, 3]
+    assert sum(r["deferrals"] for r in recorded) >= 2, "the funnel refused some"
+    pool = runtime_for(app).funnel.client.connection_pool  # type: ignore[attr-defined]
+    assert isinstance(pool, SentinelConnectionPool), "decided on the Sentinel's master"
+    close_app(app)
 
 
 def test_sentinel_url_must_name_the_service() -> None:
