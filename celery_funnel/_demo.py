@@ -85,6 +85,16 @@ def _summary(rows: list[tuple[float, str, int]], tasks: int, rate: Rate, capacit
         print(f"  {worker:<22}{count} tasks")
 
 
+def _sent(tasks: int, env: dict[str, str]) -> None:
+    print(f"sent {tasks} tasks at once", flush=True)
+    print(
+        "watch the funnel from another shell:\n"
+        f"  {' '.join(f'{k}={v}' for k, v in env.items())}"
+        " celery -A celery_funnel._demo_app funnel status",
+        flush=True,
+    )
+
+
 def run(rate_text: str, capacity: int, workers: int, tasks: int, url: str | None) -> None:
     """Run the demo: real workers, one shared funnel, live progress, a summary."""
     rate = Rate.parse(rate_text)
@@ -102,28 +112,14 @@ def run(rate_text: str, capacity: int, workers: int, tasks: int, url: str | None
             f" capacity {capacity}",
             flush=True,
         )
-        with CeleryWorkers(
-            "celery_funnel._demo_app",
-            workers,
-            env,
-            "-c",
-            "2",
-            "-Q",
-            "celery-funnel-demo",
-            cwd=os.getcwd(),
-        ):
+        options = ("-c", "2", "-Q", "celery-funnel-demo")
+        with CeleryWorkers("celery_funnel._demo_app", workers, env, *options, cwd=os.getcwd()):
             from ._demo_app import job  # noqa: PLC0415 - after the environment is set
 
             start = time.time()
             for n in range(tasks):
                 job.delay(n)
-            print(f"sent {tasks} tasks at once", flush=True)
-            print(
-                "watch the funnel from another shell:\n"
-                f"  {' '.join(f'{k}={v}' for k, v in env.items())}"
-                " celery -A celery_funnel._demo_app funnel status",
-                flush=True,
-            )
+            _sent(tasks, env)
             _progress(client, tasks, rate, start, timeout=tasks / rate.per_second * 3 + 30)
             rows = _starts(client)
         client.close()

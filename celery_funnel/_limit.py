@@ -161,6 +161,22 @@ def _choice(where: str, option: str, value: Any, choices: Sequence[str]) -> str:
     return str(value)
 
 
+def _capacity_and_cost(spec: Mapping[str, Any], where: str) -> tuple[int, Any]:
+    capacity = spec.get("capacity", 1)
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+        raise ConfigurationError(f"{where}: capacity must be an integer >= 1, got {capacity!r}")
+    cost = spec.get("cost", 1)
+    if not callable(cost) and (isinstance(cost, bool) or not isinstance(cost, int) or cost < 0):
+        raise ConfigurationError(
+            f"{where}: cost must be an integer >= 0 or a callable, got {cost!r}"
+        )
+    if isinstance(cost, int) and cost > capacity and spec.get("strategy", "gcra") == "gcra":
+        raise ConfigurationError(
+            f"{where}: cost {cost} is above capacity {capacity}: it could never run"
+        )
+    return capacity, cost
+
+
 def parse_limit(spec: Any, *, pattern: str | None = None, where: str = "limit") -> Limit:
     """A ``Limit`` from ``"30/m"`` or ``{"rate": ..., "capacity": ..., "strategy": ...,
     "key": ..., "cost": ..., "scope": ..., "windows": ...}``.
@@ -183,18 +199,7 @@ def parse_limit(spec: Any, *, pattern: str | None = None, where: str = "limit") 
         rate = Rate.parse(spec["rate"])
     except ConfigurationError as exc:
         raise ConfigurationError(f"{where}: {exc}") from None
-    capacity = spec.get("capacity", 1)
-    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-        raise ConfigurationError(f"{where}: capacity must be an integer >= 1, got {capacity!r}")
-    cost = spec.get("cost", 1)
-    if not callable(cost) and (isinstance(cost, bool) or not isinstance(cost, int) or cost < 0):
-        raise ConfigurationError(
-            f"{where}: cost must be an integer >= 0 or a callable, got {cost!r}"
-        )
-    if isinstance(cost, int) and cost > capacity and spec.get("strategy", "gcra") == "gcra":
-        raise ConfigurationError(
-            f"{where}: cost {cost} is above capacity {capacity}: it could never run"
-        )
+    capacity, cost = _capacity_and_cost(spec, where)
     key = spec.get("key")
     if key is not None and not (isinstance(key, str) or callable(key)):
         raise ConfigurationError(f"{where}: key must be a format string or a callable, got {key!r}")

@@ -68,6 +68,25 @@ def _positive(name: str, value: Any, *, allow_none: bool = False) -> float | Non
     return float(value)
 
 
+def _limits(value: Any) -> tuple[Limit, ...]:
+    if not isinstance(value, Mapping):
+        raise ConfigurationError(
+            f"funnel_limits must be a dict of task-name pattern -> rate, got {value!r}"
+        )
+    return tuple(
+        parse_limit(spec, pattern=pattern, where=f"funnel_limits[{pattern!r}]")
+        for pattern, spec in value.items()
+    )
+
+
+def _max_deferrals(value: Any) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigurationError(
+            f"funnel_max_deferrals must be a positive integer or None, got {value!r}"
+        )
+    return value if value is None else int(value)
+
+
 @dataclass(frozen=True)
 class FunnelSettings:
     """The package's settings for one Celery app, validated.
@@ -95,27 +114,13 @@ class FunnelSettings:
         def get(name: str) -> Any:
             return read_setting(conf, name)
 
-        limits_conf = get("funnel_limits")
-        if not isinstance(limits_conf, Mapping):
-            raise ConfigurationError(
-                f"funnel_limits must be a dict of task-name pattern -> rate, got {limits_conf!r}"
-            )
-        limits = tuple(
-            parse_limit(spec, pattern=pattern, where=f"funnel_limits[{pattern!r}]")
-            for pattern, spec in limits_conf.items()
-        )
+        limits = _limits(get("funnel_limits"))
         prefix = get("funnel_key_prefix")
         if not isinstance(prefix, str) or "{" in prefix or "}" in prefix:
             raise ConfigurationError(
                 f"funnel_key_prefix must be a string without braces, got {prefix!r}"
             )
-        deferrals = get("funnel_max_deferrals")
-        if deferrals is not None and (
-            isinstance(deferrals, bool) or not isinstance(deferrals, int) or deferrals < 1
-        ):
-            raise ConfigurationError(
-                f"funnel_max_deferrals must be a positive integer or None, got {deferrals!r}"
-            )
+        deferrals = _max_deferrals(get("funnel_max_deferrals"))
         settings = cls(
             redis_url=get("funnel_redis_url"),
             limits=limits,
