@@ -48,6 +48,7 @@ class WorkerGate:
         self._passed: dict[str, set[int]] = {}  # request id -> indexes of limits passed
         self._held_since: dict[str, float] = {}  # request id -> when it was first held
         self._outages: dict[str, int] = {}  # request id -> back-offs in a row
+        self._holds: dict[str, int] = {}  # request id -> times held by this worker
 
     def limits_for(self, name: str) -> tuple[Limit, ...]:
         """Every worker-wide limit whose pattern matches task ``name``."""
@@ -119,6 +120,7 @@ class WorkerGate:
         self._passed.pop(request.id, None)
         self._held_since.pop(request.id, None)
         self._outages.pop(request.id, None)
+        self._holds.pop(request.id, None)
 
     def _hold(self, request: Any, limits: tuple[Limit, ...], verdict: Verdict, funnel: str) -> None:
         policy = self.runtime.countdowns
@@ -126,8 +128,9 @@ class WorkerGate:
         since = self._held_since.setdefault(request.id, time.monotonic())
         budget = policy.cap - (time.monotonic() - since)
         requeue = delay > budget
+        holds = self._holds[request.id] = self._holds.get(request.id, 0) + 1
         self.runtime.observer.deferred(
-            request.name, request.id, funnel, delay,
+            request.name, request.id, funnel, delay, deferrals=holds,
             booked=verdict.booked, outage=verdict.outage, requeued=requeue,
             send_event=self._send_event(request),
         )  # fmt: skip
