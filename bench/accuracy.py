@@ -31,9 +31,10 @@ import redis
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.celery import max_in_window
+from bench._plot import pyplot, save
 from celery_funnel import Rate
 from celery_funnel._embedded import CeleryWorkers, RedisServer
+from celery_funnel._starts import peak
 from tests.integration.proj import close_app, make_app, runs
 
 MODES = {
@@ -89,7 +90,7 @@ def one_run(mode: str, workers: int, seconds: float, rate: str) -> dict[str, Any
         "starts": starts,
         "first": first,
         "rate": len(starts) / seconds,
-        "peak": max_in_window(starts),
+        "peak": peak(starts),
         "twice": sum(n - 1 for n in ids.values()),
         "requeues": (sum(r["deferrals"] for r in deferred) / len(deferred)) if deferred else 0.0,
         "deferred": len(deferred),
@@ -127,11 +128,7 @@ def table(results: dict[tuple[int, str], dict[str, Any]], seconds: float, rate: 
 def plot(
     results: dict[tuple[int, str], dict[str, Any]], seconds: float, rate: str, path: Path
 ) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     limit = Rate.parse(rate).per_second
     counts = sorted({count for count, _ in results})
     fig, axes = plt.subplots(1, len(counts), figsize=(6 * len(counts), 4), sharey=True)
@@ -149,9 +146,7 @@ def plot(
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("tasks started in that second")
     axes[0].legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def main() -> None:

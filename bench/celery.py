@@ -34,16 +34,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from celery_funnel._embedded import CeleryWorkers, RedisServer
+from celery_funnel._starts import peak
 from tests.integration.proj import make_app, runs
-
-
-def max_in_window(starts: list[float], window: float = 1.0) -> int:
-    starts, best, first = sorted(starts), 0, 0
-    for last, at in enumerate(starts):
-        while at - starts[first] >= window:
-            first += 1
-        best = max(best, last - first + 1)
-    return best
 
 
 def accuracy(url: str, task: str, count: int, reservation: bool, limits: Any) -> dict[str, Any]:
@@ -71,7 +63,7 @@ def accuracy(url: str, task: str, count: int, reservation: bool, limits: Any) ->
         "lost": count - len(ids),
         "twice": len(recorded) - len(ids),
         "rate": (len(starts) - 1) / (starts[-1] - starts[0]),
-        "peak": max_in_window(starts),
+        "peak": peak(starts),
         "deferred": len(deferred),
         "requeues": requeues,
     }

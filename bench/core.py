@@ -42,6 +42,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._plot import pyplot, save
 from celery_funnel import RedisFunnel
 from celery_funnel._embedded import RedisServer
 
@@ -197,11 +198,7 @@ def table(rows: dict[str, dict[str, float]], version: str, calls: int, rounds: i
 
 def plot(rows: dict[str, dict[str, float]], path: Path) -> None:
     """Two bar charts: p50 / PING and server us per decision, ours against the rest."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     names = [n for n in rows if not n.startswith("ref:")]
     colours = ["tab:blue" if n.startswith(OURS) else "tab:gray" for n in names]
     fig, axes = plt.subplots(1, 2, figsize=(12, 0.45 * len(names) + 1.5), sharey=True)
@@ -215,9 +212,7 @@ def plot(rows: dict[str, dict[str, float]], path: Path) -> None:
         ax.grid(axis="x", alpha=0.3)
     axes[0].axvline(1.0, color="black", linewidth=0.8)
     fig.suptitle("Per decision: celery-funnel (blue) against limits and pyrate-limiter (gray)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def main() -> None:

@@ -26,6 +26,7 @@ import redis
 
 sys.path.insert(0, str(HERE.parent))
 
+from bench._plot import pyplot, save
 from celery_funnel._embedded import RedisServer
 from celery_funnel._scripts import Arg, Reply, Script
 from celery_funnel.backends.base import Funnel
@@ -119,19 +120,13 @@ def table(rows: dict[str, dict[str, float]], version: str, keys: int) -> str:
 
 
 def plot(rows: dict[str, dict[str, float]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 3))
     ax.barh(list(rows), [r["bytes"] for r in rows.values()], color="tab:blue")
     ax.invert_yaxis()
     ax.set_xlabel("bytes of Redis memory per funnel (100 000 funnels)")
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def main() -> None:

@@ -18,6 +18,7 @@ import redis
 
 from ._embedded import CeleryWorkers, RedisServer
 from ._rate import Rate
+from ._starts import peak
 
 STARTS = "demo:starts"
 
@@ -66,17 +67,13 @@ def _progress(client: redis.Redis, tasks: int, rate: Rate, start: float, timeout
 
 def _summary(rows: list[tuple[float, str, int]], tasks: int, rate: Rate, capacity: int) -> None:
     starts = sorted(at for at, _, _ in rows)
-    peak, first = 0, 0
-    for last, at in enumerate(starts):
-        while at - starts[first] >= 1.0:
-            first += 1
-        peak = max(peak, last - first + 1)
+    most = peak(starts)
     span = starts[-1] - starts[0] if len(starts) > 1 else 0.0
     steady = (len(starts) - capacity) / span if span else float("nan")
     print(f"\n{len(rows)} of {tasks} tasks ran in {span:.1f} s")
     print(f"  limit                 {rate} (capacity {capacity})")
     print(f"  after the first burst {steady:.2f} starts/s")
-    print(f"  most in any 1 s       {peak} (limit + capacity = {rate.per_second + capacity:g})")
+    print(f"  most in any 1 s       {most} (limit + capacity = {rate.per_second + capacity:g})")
     print(
         f"  deferred, re-queued   {sum(1 for *_, d in rows if d)} tasks,"
         f" {sum(d for *_, d in rows)} times"

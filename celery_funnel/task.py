@@ -10,7 +10,8 @@ alone and ``on_retry`` is not called: deferrals are counted in a header of their
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any, ClassVar
 
 from celery import Task
@@ -73,7 +74,8 @@ class FunnelTask(Task):  # type: ignore[misc]
             return
         dry_run = dry_run_of(self, runtime.settings.dry_run)
         while True:
-            verdict = self._funnel_verdict(runtime, limits, task_id, args, kwargs, dry_run)
+            check = partial(self._funnel_check, runtime, limits, task_id, args, kwargs, dry_run)
+            verdict = self._funnel_verdict(runtime, task_id, dry_run, check)
             if verdict is None or verdict.run:
                 return
             if dry_run:  # record what a real funnel would have done, and run
@@ -130,17 +132,12 @@ class FunnelTask(Task):  # type: ignore[misc]
         self._funnel_defer(runtime, args, kwargs, Verdict(run=False, delay=seconds))
 
     def _funnel_verdict(
-        self,
-        runtime: Runtime,
-        limits: Sequence[Limit],
-        task_id: str,
-        args: Sequence[Any],
-        kwargs: Mapping[str, Any],
-        dry_run: bool,
+        self, runtime: Runtime, task_id: str, dry_run: bool, check: Callable[[], Verdict]
     ) -> Verdict | None:
-        """One decision over every limit of the task: None to run it unchecked."""
+        """``check()``, the decision over every limit of the task, with the outage
+        policy and the reports around it: None to run the task unchecked."""
         try:
-            verdict = self._funnel_check(runtime, limits, task_id, args, kwargs, dry_run)
+            verdict = check()
         except BackendError as error:
             return self._funnel_outage(runtime, error, dry_run)
         runtime.outage.answered()

@@ -19,6 +19,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from celery_funnel._embedded import CeleryWorkers, RedisServer
+from celery_funnel._starts import peak
+
+__all__ = ["check", "now", "peak", "per_second", "redis_url", "run"]
 
 HERE = Path(__file__).resolve().parent
 
@@ -55,16 +58,6 @@ def per_second(starts: Iterable[float]) -> list[int]:
     starts = sorted(starts)
     counts = Counter(int(at - starts[0]) for at in starts)
     return [counts[second] for second in range(max(counts) + 1)] if counts else []
-
-
-def peak(starts: Iterable[float], window: float = 1.0) -> int:
-    """The most starts in any ``window`` seconds."""
-    starts, best, first = sorted(starts), 0, 0
-    for last, at in enumerate(starts):
-        while at - starts[first] >= window:
-            first += 1
-        best = max(best, last - first + 1)
-    return best
 
 
 def check(condition: bool, message: str) -> None:

@@ -7,9 +7,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 from prometheus_client import CollectorRegistry
 
 from celery_funnel import prometheus, signals
+from tests.conftest import SERVERS, ServerPool
 
 
 class Recorder:
@@ -64,11 +66,11 @@ def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
     return registry.get_sample_value(name, labels) or 0.0
 
 
-def peak(starts: list[float], window: float = 1.0) -> int:
-    """The most starts in any ``window`` seconds."""
-    starts, best, first = sorted(starts), 0, 0
-    for last, at in enumerate(starts):
-        while at - starts[first] >= window:
-            first += 1
-        best = max(best, last - first + 1)
-    return best
+@pytest.fixture
+def standalone_url(server_pool: ServerPool) -> str:
+    """One standalone private server, flushed: a broker and run store that the test's
+    faults and topologies leave alone."""
+    url = server_pool.url(next(iter(SERVERS)))
+    with redis.Redis.from_url(url) as client:
+        client.flushall()
+    return url

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from celery_funnel._embedded import CeleryWorkers
-from tests.integration.conftest import peak
+from celery_funnel._starts import peak
 from tests.integration.proj import close_app, make_app, runs
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]

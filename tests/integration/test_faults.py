@@ -19,12 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from celery import Celery
 
 from celery_funnel._embedded import CeleryWorkers, RedisServer
-from tests.conftest import SERVERS, ServerPool
-from tests.integration.conftest import peak
+from celery_funnel._starts import peak
 from tests.integration.proj import close_app, make_app, runs
 from tests.polling import wait_for
 
@@ -33,12 +31,9 @@ ROOT = str(Path(__file__).resolve().parents[2])
 
 
 @pytest.fixture
-def funnel_url(server_pool: ServerPool) -> str:
+def funnel_url(standalone_url: str) -> str:
     """The funnels and the run records: a server that no fault touches."""
-    url = server_pool.url(next(iter(SERVERS)))
-    with redis.Redis.from_url(url) as client:
-        client.flushall()
-    return url
+    return standalone_url
 
 
 @pytest.fixture

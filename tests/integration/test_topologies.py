@@ -20,7 +20,7 @@ from redis.sentinel import SentinelConnectionPool
 from celery_funnel import BackendError, Funnel, RedisFunnel, Shape
 from celery_funnel._errors import ConfigurationError
 from celery_funnel._runtime import runtime_for
-from tests.conftest import CLUSTER, SERVERS, ServerPool
+from tests.conftest import CLUSTER, ServerPool
 from tests.integration.proj import close_app, make_app, runs
 from tests.polling import wait_for
 from tests.servers import SentinelServers
@@ -126,12 +126,9 @@ def cluster_url(server_pool: ServerPool) -> str:
 
 
 @pytest.fixture
-def broker_url(server_pool: ServerPool) -> str:
-    """The broker and the run records: a standalone server (the funnels are elsewhere)."""
-    url = server_pool.url(next(iter(SERVERS)))
-    with redis.Redis.from_url(url) as client:
-        client.flushall()
-    return url
+def broker_url(standalone_url: str) -> str:
+    """The broker and the run records (the funnels are elsewhere)."""
+    return standalone_url
 
 
 @pytest.mark.parametrize("form", ["url", "client"])
