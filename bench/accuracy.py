@@ -33,8 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench._plot import pyplot, save
 from celery_funnel import Rate
-from celery_funnel._embedded import CeleryWorkers, RedisServer
-from celery_funnel._starts import peak
+from celery_funnel.testing import CeleryWorkers, RedisServer, peak
 from tests.integration.proj import close_app, make_app, runs
 
 MODES = {

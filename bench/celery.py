@@ -33,8 +33,7 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from celery_funnel._embedded import CeleryWorkers, RedisServer
-from celery_funnel._starts import peak
+from celery_funnel.testing import CeleryWorkers, RedisServer, peak
 from tests.integration.proj import make_app, runs
 
 

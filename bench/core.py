@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._plot import pyplot, save
 from celery_funnel import RedisFunnel
-from celery_funnel._embedded import RedisServer
+from celery_funnel.testing import RedisServer
 
 FLOOR_SCRIPTS = {
     "ref: EVALSHA `return 1`": "return 1",

@@ -27,9 +27,9 @@ import redis
 sys.path.insert(0, str(HERE.parent))
 
 from bench._plot import pyplot, save
-from celery_funnel._embedded import RedisServer
 from celery_funnel._scripts import Arg, Reply, Script
 from celery_funnel.backends.base import Funnel
+from celery_funnel.testing import RedisServer
 
 BATCH = 2000
 HOUR = 3600.0

@@ -32,7 +32,7 @@ import redis
 
 from bench import accuracy, core, memory
 from bench import celery as celery_bench
-from celery_funnel._embedded import RedisServer
+from celery_funnel.testing import RedisServer
 
 ROOT = HERE.parent
 PLOTS = HERE / "plots"

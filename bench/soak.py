@@ -30,7 +30,7 @@ import redis
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from celery_funnel._embedded import CeleryWorkers, RedisServer
+from celery_funnel.testing import CeleryWorkers, RedisServer
 from tests.integration.proj import close_app, make_app
 
 OFFERED_PER_SECOND = 120.0

@@ -18,6 +18,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     demo.add_argument("--redis", metavar="URL", help="use this Redis, not a private one")
     args = parser.parse_args(argv)
     if args.command == "demo":
-        from ._demo import run  # noqa: PLC0415 - keeps `--help` fast
+        from .demo import run  # noqa: PLC0415 - keeps `--help` fast
 
         run(args.rate, args.capacity, args.workers, args.tasks, args.redis)

@@ -18,8 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from celery_funnel._embedded import CeleryWorkers, RedisServer
-from celery_funnel._starts import peak
+from celery_funnel.testing import CeleryWorkers, RedisServer, peak
 
 __all__ = ["check", "now", "peak", "per_second", "redis_url", "run"]
 

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from celery_funnel import Funnel, MemoryFunnel, RedisFunnel
-from celery_funnel._embedded import RedisServer, find_redis_servers, server_version
+from celery_funnel.testing import RedisServer, find_redis_servers, server_version
 from tests.servers import RedisClusterServers, redis_cli
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import redis
 
-from celery_funnel._embedded import RedisServer, find_redis_servers, free_port
+from celery_funnel.testing import RedisServer, find_redis_servers, free_port
 from tests.polling import wait_for
 
 

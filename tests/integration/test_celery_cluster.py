@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 import redis
 
-from celery_funnel._embedded import CeleryWorkers
-from celery_funnel._starts import peak
+from celery_funnel.testing import CeleryWorkers, peak
 from tests.integration.proj import close_app, make_app, runs
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]

@@ -13,7 +13,7 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from prometheus_client import CollectorRegistry
 
-from celery_funnel._embedded import RedisServer
+from celery_funnel.testing import RedisServer
 from tests.integration.conftest import Recorder, sample
 from tests.integration.proj import close_app, make_app, runs
 from tests.polling import wait_for

@@ -13,8 +13,7 @@ import redis
 from kombu.connection import Connection
 from kombu.entity import Queue
 
-from celery_funnel._embedded import CeleryWorkers
-from celery_funnel._starts import peak
+from celery_funnel.testing import CeleryWorkers, peak
 from tests.integration.proj import close_app, make_app, runs
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.rabbitmq]

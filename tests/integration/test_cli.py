@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from celery_funnel import RedisFunnel
-from celery_funnel._embedded import free_port
+from celery_funnel.testing import free_port
 
 pytestmark = pytest.mark.redis
 ROOT = str(Path(__file__).resolve().parents[2])

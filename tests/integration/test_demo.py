@@ -40,7 +40,7 @@ def test_the_cli_shows_the_demos_funnel_while_it_runs(tmp_path: object) -> None:
         env = dict(re.findall(r"(CELERY_FUNNEL_DEMO_\w+)=(\S+)", hint))
         assert "CELERY_FUNNEL_DEMO_REDIS" in env
         done = subprocess.run(
-            [sys.executable, "-m", "celery", "-A", "celery_funnel._demo_app", "funnel",
+            [sys.executable, "-m", "celery", "-A", "celery_funnel.demo.app", "funnel",
              "status", "--json"],
             env={**os.environ, **env},
             capture_output=True, text=True, timeout=60, check=False,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from celery_funnel._embedded import RedisServer
+from celery_funnel.testing import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(p.stem for p in (ROOT / "examples").glob("*.py") if not p.stem.startswith("_"))

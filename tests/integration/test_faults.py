@@ -21,8 +21,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_funnel._embedded import CeleryWorkers, RedisServer
-from celery_funnel._starts import peak
+from celery_funnel.testing import CeleryWorkers, RedisServer, peak
 from tests.integration.proj import close_app, make_app, runs
 from tests.polling import wait_for
 

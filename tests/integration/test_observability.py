@@ -15,7 +15,7 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from prometheus_client import CollectorRegistry
 
-from celery_funnel._embedded import CeleryWorkers
+from celery_funnel.testing import CeleryWorkers
 from tests.integration.conftest import Recorder, sample
 from tests.integration.proj import close_app, make_app, runs
 from tests.polling import wait_for

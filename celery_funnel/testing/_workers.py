@@ -1,0 +1,95 @@
+"""Real ``celery worker`` processes for tests: started together, stopped together."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+__all__ = ["CeleryWorkers"]
+
+
+class CeleryWorkers:
+    """``count`` real ``celery worker`` processes for ``app`` (a ``-A`` target), named
+    ``w1@host`` … (``prefix`` instead of ``w``), sharing ``env``; stopped together (warm
+    shutdown, then SIGKILL)."""
+
+    def __init__(
+        self,
+        app: str,
+        count: int,
+        env: dict[str, str],
+        *options: str,
+        cwd: str | None = None,
+        prefix: str = "w",
+    ) -> None:
+        self.app, self.count, self.env, self.options, self.cwd = app, count, env, options, cwd
+        self.prefix = prefix
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self._logs = tempfile.TemporaryDirectory(prefix="celery-funnel-workers-")
+
+    def start(self) -> CeleryWorkers:
+        for number in range(1, self.count + 1):
+            log = open(Path(self._logs.name) / f"w{number}.log", "ab")  # noqa: SIM115
+            self.processes.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "celery",
+                        "-A",
+                        self.app,
+                        "worker",
+                        "-n",
+                        f"{self.prefix}{number}@%h",
+                        "--without-gossip",
+                        "--without-mingle",
+                        "--without-heartbeat",
+                        "-l",
+                        "INFO",
+                        *self.options,
+                    ],
+                    env={**os.environ, **self.env},
+                    cwd=self.cwd,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+            log.close()
+        return self
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Wait until every worker logs that it is ready."""
+        deadline = time.monotonic() + timeout
+        while self.logs().count(" ready.") < self.count:
+            if time.monotonic() > deadline or any(p.poll() is not None for p in self.processes):
+                raise RuntimeError(f"celery workers did not start:\n{self.logs()[-3000:]}")
+            time.sleep(0.1)
+
+    def logs(self) -> str:
+        return "\n".join(
+            path.read_text(errors="replace") for path in sorted(Path(self._logs.name).glob("*.log"))
+        )
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.terminate()
+        for process in self.processes:
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
+        self._logs.cleanup()
+
+    def __enter__(self) -> CeleryWorkers:
+        self.start()
+        self.wait_ready()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
