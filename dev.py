@@ -1,58 +1,123 @@
 #!/usr/bin/env python3
 """Set up and run the project on a fresh machine with nothing but Python >= 3.10.
 
-    python3 dev.py test    # lint, type-check and run the whole test suite
-    python3 dev.py demo    # a funnel demo on a private Redis (no server to install)
-    python3 dev.py bench   # every benchmark: writes BENCHMARKS.md and bench/plots/
+    python3 dev.py demo      # a funnel demo on a private Redis (no server to install)
+    python3 dev.py test      # lint, type-check and run the whole test suite
+    python3 dev.py bench     # every benchmark: writes BENCHMARKS.md and bench/plots/
+    python3 dev.py compat    # the Celery tests on the oldest and newest supported releases
 
-Each command creates ./.venv on first use and installs the project into it.
+Each command creates a virtual environment (./.venv, or $CELERY_FUNNEL_VENV) on first use
+and installs the project into it with just the extras that command needs.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import venv
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-VENV = ROOT / ".venv"
-BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
-PY = BIN / "python"
+VENV = Path(os.environ.get("CELERY_FUNNEL_VENV") or ROOT / ".venv")
+
+# The oldest releases pyproject.toml admits; `compat` runs the Celery tests on them
+# (with Python 3.10) and on the newest ones (with the newest Python found here).
+OLDEST = ("celery[redis]==5.3.0", "kombu==5.3.0", "redis==5.0.0")
+COMPAT_TESTS = (
+    "tests/unit",
+    "tests/integration/test_celery_task.py",
+    "tests/integration/test_concurrency.py",
+    "tests/integration/test_cli.py",
+)
 
 
-def sh(*args: str | Path) -> None:
+def sh(*args: str | Path, env: dict[str, str] | None = None) -> None:
+    """Run a command; exit with its code if it fails. Ctrl-C reaches the command (same
+    terminal), SIGTERM is passed on to it: the command stops its own servers and workers."""
     print("+", " ".join(str(a) for a in args), flush=True)
-    code = subprocess.call([str(a) for a in args], cwd=ROOT)
+    child = subprocess.Popen([str(a) for a in args], cwd=ROOT, env=env)
+    before = {
+        signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        signal.SIGTERM: signal.signal(signal.SIGTERM, lambda *_: child.terminate()),
+    }
+    try:
+        code = child.wait()
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
     if code:
-        sys.exit(code)
+        sys.exit(128 - code if code < 0 else code)
 
 
-def ensure(extras: str) -> None:
-    if not PY.exists():
-        venv.EnvBuilder(with_pip=True).create(VENV)
-        sh(PY, "-m", "pip", "install", "-q", "--upgrade", "pip")
-    stamp = VENV / f".installed-{extras}"
+def bin_of(root: Path) -> Path:
+    return root / ("Scripts" if os.name == "nt" else "bin")
+
+
+def ensure(extras: str, root: Path = VENV, python: str | None = None) -> Path:
+    """The venv at ``root`` with the project and ``extras`` installed; its python."""
+    py = bin_of(root) / "python"
+    if not py.exists():
+        if python:
+            sh(python, "-m", "venv", root)
+        else:
+            venv.EnvBuilder(with_pip=True).create(root)
+        sh(py, "-m", "pip", "install", "-q", "--upgrade", "pip")
+    stamp = root / f".installed-{extras}"
     if not stamp.exists() or stamp.stat().st_mtime < (ROOT / "pyproject.toml").stat().st_mtime:
-        sh(PY, "-m", "pip", "install", "-q", "-e", f".[{extras}]")
+        sh(py, "-m", "pip", "install", "-q", "-e", f".[{extras}]" if extras else ".")
         stamp.touch()
+    return py
+
+
+def find_python(*names: str) -> str | None:
+    """The first interpreter found on PATH (or pyenv's folder) by one of ``names``."""
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    for name in names:
+        found = shutil.which(name)
+        if found:
+            return found
+        for candidate in sorted(pyenv.glob(f"*/bin/{name}"), reverse=True):
+            return str(candidate)
+    return None
+
+
+def compat(rest: list[str]) -> None:
+    """The Celery tests on the oldest admitted releases (Python 3.10) and the newest."""
+    ends = {
+        "oldest": (find_python("python3.10"), OLDEST),
+        "newest": (find_python("python3.14", "python3.13", "python3.12"), ()),
+    }
+    for name, (python, pins) in ends.items():
+        if python is None:
+            print(f"compat {name}: no interpreter found, skipped", flush=True)
+            continue
+        root = ROOT / f".venv-{name}"
+        py = ensure("test", root, python)
+        upgrade = () if pins else ("--upgrade", "celery[redis]", "kombu", "redis")
+        sh(py, "-m", "pip", "install", "-q", *upgrade, *pins)
+        sh(py, "-m", "pip", "list", "--format=freeze")
+        sh(py, "-m", "pytest", "-q", "-p", "no:cacheprovider", *COMPAT_TESTS, *rest)
 
 
 def main(argv: list[str]) -> None:
     command, rest = (argv[0], argv[1:]) if argv else ("test", [])
     if command == "test":
-        ensure("test")
-        sh(BIN / "ruff", "check", ".")
-        sh(BIN / "ruff", "format", "--check", ".")
-        sh(BIN / "mypy")
-        sh(PY, "-m", "pytest", *rest)
+        py = ensure("test")
+        sh(py, "-m", "ruff", "check", ".")
+        sh(py, "-m", "ruff", "format", "--check", ".")
+        sh(py, "-m", "mypy")
+        sh(py, "-m", "pytest", *rest)
     elif command == "demo":
-        ensure("demo")
-        sh(PY, "-m", "celery_funnel", "demo", *rest)
+        py = ensure("demo")
+        sh(py, "-m", "celery_funnel", "demo", *rest)
     elif command == "bench":
-        ensure("test,bench")
-        sh(PY, "bench/run.py", *rest)
+        py = ensure("test,bench")
+        sh(py, "bench/run.py", *rest)
+    elif command == "compat":
+        compat(rest)
     else:
         sys.exit(__doc__)
 

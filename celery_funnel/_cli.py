@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
 from collections.abc import Sequence
+from types import FrameType
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -20,4 +23,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.command == "demo":
         from .demo import run  # noqa: PLC0415 - keeps `--help` fast
 
-        run(args.rate, args.capacity, args.workers, args.tasks, args.redis)
+        # SIGTERM unwinds like Ctrl-C, so that the demo stops its workers and Redis
+        signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            run(args.rate, args.capacity, args.workers, args.tasks, args.redis)
+        except KeyboardInterrupt:
+            print("\ninterrupted: the demo's workers and Redis are stopped", file=sys.stderr)
+            sys.exit(130)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt

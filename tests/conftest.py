@@ -19,6 +19,8 @@ from celery_funnel import Funnel, MemoryFunnel, RedisFunnel
 from celery_funnel.testing import RedisServer, find_redis_servers, server_version
 from tests.servers import RedisClusterServers, redis_cli
 
+pytest_plugins = ["tests.leakcheck"]
+
 
 def _server_ids() -> dict[str, str | None]:
     """Backend id -> redis-server binary (None: REDIS_URL)."""

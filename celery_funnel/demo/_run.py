@@ -8,6 +8,7 @@ shows the starts per second against the limit while they run, and a summary.
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import time
 from collections import Counter
@@ -83,12 +84,10 @@ def _summary(rows: list[tuple[float, str, int]], tasks: int, rate: Rate, capacit
 
 def _sent(tasks: int, env: dict[str, str]) -> None:
     print(f"sent {tasks} tasks at once", flush=True)
-    print(
-        "watch the funnel from another shell:\n"
-        f"  {' '.join(f'{k}={v}' for k, v in env.items())}"
-        " celery -A celery_funnel.demo.app funnel status",
-        flush=True,
-    )
+    # this interpreter, not a bare `celery`: the demo's venv need not be on PATH
+    command = [sys.executable, "-m", "celery", "-A", "celery_funnel.demo.app", "funnel", "status"]
+    words = [*(f"{k}={shlex.quote(v)}" for k, v in env.items()), *map(shlex.quote, command)]
+    print("watch the funnel from another shell:\n  " + " ".join(words), flush=True)
 
 
 def run(rate_text: str, capacity: int, workers: int, tasks: int, url: str | None) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -18,6 +19,7 @@ from pathlib import Path
 import redis
 
 from .._errors import ConfigurationError
+from ._processes import spawn, stop
 
 __all__ = ["RedisServer", "find_redis_servers", "free_port", "server_version"]
 
@@ -97,9 +99,8 @@ class RedisServer:
             self._dir.name,
             *self.extra,
         ]
-        log = open(Path(self._dir.name) / "redis.log", "ab")  # noqa: SIM115
-        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
+        with open(Path(self._dir.name) / "redis.log", "ab") as log:
+            self.process = spawn(args, log=log, death_signal=signal.SIGKILL)
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2, socket_timeout=0.5)
         deadline = time.monotonic() + timeout
         with client:
@@ -119,12 +120,8 @@ class RedisServer:
 
     def stop(self) -> None:
         """Stop the server and remove its directory."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        if self.process is not None:
+            stop(self.process, timeout=10.0)
         self._dir.cleanup()
 
     def __enter__(self) -> RedisServer:

@@ -9,6 +9,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ._processes import spawn, stop
+
 __all__ = ["CeleryWorkers"]
 
 
@@ -33,32 +35,16 @@ class CeleryWorkers:
 
     def start(self) -> CeleryWorkers:
         for number in range(1, self.count + 1):
-            log = open(Path(self._logs.name) / f"w{number}.log", "ab")  # noqa: SIM115
-            self.processes.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "celery",
-                        "-A",
-                        self.app,
-                        "worker",
-                        "-n",
-                        f"{self.prefix}{number}@%h",
-                        "--without-gossip",
-                        "--without-mingle",
-                        "--without-heartbeat",
-                        "-l",
-                        "INFO",
-                        *self.options,
-                    ],
-                    env={**os.environ, **self.env},
-                    cwd=self.cwd,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
+            args = [
+                sys.executable, "-m", "celery", "-A", self.app, "worker",
+                "-n", f"{self.prefix}{number}@%h",
+                "--without-gossip", "--without-mingle", "--without-heartbeat",
+                "-l", "INFO", *self.options,
+            ]  # fmt: skip
+            with open(Path(self._logs.name) / f"w{number}.log", "ab") as log:
+                self.processes.append(
+                    spawn(args, log=log, env={**os.environ, **self.env}, cwd=self.cwd)
                 )
-            )
-            log.close()
         return self
 
     def wait_ready(self, timeout: float = 60.0) -> None:
@@ -75,15 +61,12 @@ class CeleryWorkers:
         )
 
     def stop(self) -> None:
+        """Warm shutdown of every worker (SIGTERM), then SIGKILL of what is left."""
         for process in self.processes:
             if process.poll() is None:
                 process.terminate()
         for process in self.processes:
-            try:
-                process.wait(20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
+            stop(process)
         self._logs.cleanup()
 
     def __enter__(self) -> CeleryWorkers:

@@ -1,54 +1,91 @@
-"""The README's first command runs: real workers, one funnel, a summary at the end."""
+"""The README's first command runs: real workers, one funnel, a summary at the end; every
+command it prints works when pasted; it stops what it started however it ends."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
+import signal
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
+from tests.leakcheck import marked_processes
+from tests.polling import wait_for
+
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
+PROBE = "CELERY_FUNNEL_DEMO_PROBE"
 
-def test_demo_runs_real_workers_through_one_funnel(tmp_path: object) -> None:
+
+def demo_command(*options: str) -> list[str]:
+    return [sys.executable, "-m", "celery_funnel", "demo", *options]
+
+
+@contextmanager
+def running_demo(tmp_path: Path, *options: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """The demo, started until its tasks are sent; yields it and its "watch" hint line.
+    Every process it starts carries a probe in its environment, for the leak check."""
+    probe = uuid.uuid4().hex
+    demo = subprocess.Popen(
+        demo_command(*options), env={**os.environ, PROBE: probe},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(tmp_path),
+    )  # fmt: skip
+    assert demo.stdout is not None
+    try:
+        hint = ""
+        for line in demo.stdout:  # the demo prints the command once its tasks are sent
+            if line.startswith("watch the funnel"):
+                hint = next(demo.stdout).strip()
+                break
+        assert hint, "the demo says how to watch its funnel"
+        assert marked_processes(probe, PROBE), "the demo runs its workers and Redis"
+        yield demo, hint
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+        demo.communicate(timeout=60)
+        # nothing it started is left, however it ended
+        wait_for(lambda: not marked_processes(probe, PROBE), 30)
+
+
+def test_demo_runs_real_workers_through_one_funnel(tmp_path: Path) -> None:
+    probe = uuid.uuid4().hex
     done = subprocess.run(
-        [sys.executable, "-m", "celery_funnel", "demo", "--tasks", "12", "--rate", "10/s"],
+        demo_command("--tasks", "12", "--rate", "10/s"), env={**os.environ, PROBE: probe},
         capture_output=True, text=True, timeout=180, cwd=str(tmp_path), check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "12 of 12 tasks ran" in done.stdout
     assert "w1@" in done.stdout
     assert "w2@" in done.stdout
+    assert not marked_processes(probe, PROBE), "the demo stopped its workers and Redis"
 
 
-def test_the_cli_shows_the_demos_funnel_while_it_runs(tmp_path: object) -> None:
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "celery_funnel", "demo", "--tasks", "40", "--rate", "5/s"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(tmp_path),
-    )  # fmt: skip
-    assert demo.stdout is not None
-    try:
-        hint = ""
-        for line in demo.stdout:  # the demo prints the command once its tasks are sent
-            if "funnel status" in line:
-                hint = line
-                break
-        assert hint, "the demo says how to watch its funnel"
-        env = dict(re.findall(r"(CELERY_FUNNEL_DEMO_\w+)=(\S+)", hint))
-        assert "CELERY_FUNNEL_DEMO_REDIS" in env
+def test_the_printed_status_command_works_when_pasted(tmp_path: Path) -> None:
+    with running_demo(tmp_path, "--tasks", "40", "--rate", "5/s") as (_, hint):
         done = subprocess.run(
-            [sys.executable, "-m", "celery", "-A", "celery_funnel.demo.app", "funnel",
-             "status", "--json"],
-            env={**os.environ, **env},
-            capture_output=True, text=True, timeout=60, check=False,
+            f"{hint} --json", shell=True, capture_output=True, text=True, timeout=60,
+            check=False, env={"PATH": os.environ.get("PATH", "")},
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
-        (row,) = [r for r in json.loads(done.stdout) if r["key"] == "funnel:demo.job"]
-        assert (row["rate"], row["capacity"]) == ("5/s", 5)
-        assert row["reservations"] > 0, "tasks are booked while the demo runs"
-    finally:
-        demo.kill()
-        demo.communicate(timeout=30)
+        rows = [r for r in json.loads(done.stdout) if r.get("rate") == "5/s"]
+        assert rows, done.stdout
+        assert rows[0]["capacity"] == 5
+
+
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_a_stopped_demo_stops_its_workers_and_redis(tmp_path: Path, number: int) -> None:
+    with running_demo(tmp_path, "--tasks", "200", "--rate", "2/s") as (demo, _):
+        demo.send_signal(number)
+        out, err = demo.communicate(timeout=60)
+        assert demo.returncode == 130, out + err
+        assert "Traceback" not in err, err
+        assert err.strip().splitlines() == [
+            "interrupted: the demo's workers and Redis are stopped"
+        ], err

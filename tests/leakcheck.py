@@ -1,0 +1,72 @@
+"""A pytest plugin: the run fails if a process it started outlives it.
+
+Every process the tests start inherits ``CELERY_FUNNEL_TEST_RUN`` (a fresh id per run) in
+its environment; at the end of the run, any live process that carries this run's id
+(a redis-server, a worker or one of its pool processes) is reported, killed, and fails
+the run. SIGTERM ends the run like Ctrl-C, so that fixtures still stop what they started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+from types import FrameType
+
+import pytest
+
+MARK = "CELERY_FUNNEL_TEST_RUN"
+GRACE_SECONDS = 10.0
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ[MARK] = uuid.uuid4().hex
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+def marked_processes(mark: str, name: str = MARK) -> dict[int, str]:
+    """pid -> command line of every live process whose environment has ``name=mark``."""
+    needle = f"{name}={mark}".encode()
+    found = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        pid = int(entry.name)
+        if pid == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+                found[pid] = command.decode(errors="replace").strip()
+    return found
+
+
+def _survivors(mark: str) -> dict[int, str]:
+    deadline = time.monotonic() + GRACE_SECONDS
+    while (left := marked_processes(mark)) and time.monotonic() < deadline:
+        time.sleep(0.2)  # processes told to stop may still be finishing
+    return left
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if not Path("/proc/self/environ").exists():
+        return
+    left = _survivors(os.environ[MARK])
+    if not left:
+        return
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    lines = "\n".join(f"  pid {pid}: {command[:200]}" for pid, command in sorted(left.items()))
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    message = f"{len(left)} process(es) started by the tests outlived them (killed now):\n{lines}"
+    if reporter is not None:
+        reporter.write_line(message, red=True)
+    if session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
