@@ -12,12 +12,11 @@ import click
 import redis
 from celery.bin.base import CeleryCommand, handle_preload_options
 
-from ._keys import companion_key
-from ._limit import Limit, safe_part
+from ._keys import tickets_key
+from ._limit import Limit
 from ._runtime import Runtime, runtime_for
 from ._task_options import limits_of
 from .strategies._common import US
-from .strategies.sliding_window import MAX_WINDOWS
 from .task import FunnelTask
 
 
@@ -27,12 +26,10 @@ def _limits_by_key(runtime: Runtime) -> dict[str, Limit]:
     for task in list(runtime.app.tasks.values()):
         if isinstance(task, FunnelTask):
             limits = limits_of(task)
-            name = safe_part(task.name)
             for i, limit in enumerate(limits):
-                base = name if len(limits) == 1 else f"{{{name}}}:{i}"
-                bases[runtime.key(base)] = limit
+                bases[runtime.task_key(task.name, "", None if len(limits) == 1 else i)] = limit
     for limit in runtime.settings.limits:
-        bases[runtime.key("limit", safe_part(limit.pattern or "*"))] = limit
+        bases[runtime.limit_key(limit.pattern)] = limit
     return bases
 
 
@@ -57,7 +54,7 @@ def _describe(client: redis.Redis, key: str, bases: dict[str, Limit], now: int) 
             if limit is not None and limit.strategy == "gcra":
                 t = -(-round(limit.rate.period * US) // limit.rate.count)
                 row["remaining"] = max((t * limit.capacity - level) // t, 0)
-            row["reservations"] = client.zcard(companion_key(key, "tickets"))
+            row["reservations"] = client.zcard(tickets_key(key))
     elif kind == "hash":
         start, used = client.hmget(key, ["w", "n"])
         row.update(kind="fixed_window", used=int(used or 0), window_start=int(start or 0) / US)
@@ -129,7 +126,7 @@ def inspect(ctx: click.Context, key: str, as_json: bool) -> None:
         raise click.ClickException(f"no funnel {key!r}")
     row = _describe(client, key, _limits_by_key(runtime), _now_us(client))
     tickets: list[tuple[bytes, float]] = client.zrange(  # type: ignore[assignment]
-        companion_key(key, "tickets"), 0, 19, withscores=True
+        tickets_key(key), 0, 19, withscores=True
     )
     row["tickets"] = [{"ticket": t.decode(), "slot": s / US} for t, s in tickets]
     if as_json:
@@ -155,6 +152,5 @@ def reset(ctx: click.Context, key: str | None, everything: bool) -> None:
         ctx.obj.echo(f"deleted {len(keys)} keys")
         return
     assert key is not None
-    ring = [companion_key(key, str(i)) for i in range(MAX_WINDOWS)]
-    deleted = client.delete(key, companion_key(key, "tickets"), *ring)
+    deleted = client.delete(key, tickets_key(key))
     ctx.obj.echo(f"deleted {deleted} keys of {key}")

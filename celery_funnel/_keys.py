@@ -1,8 +1,66 @@
-"""Key names that keep related keys in one Redis Cluster hash slot."""
+"""The key layout: the one place that knows how celery-funnel names its Redis keys.
+
+Every key the Celery layer writes is ``<prefix>{<funnel name>}<suffix>``:
+
+- ``<prefix>`` is ``funnel_key_prefix`` (default ``funnel:``); it comes first, so an
+  ACL ``~<prefix>*`` and ``SCAN MATCH <prefix>*`` see every key, and nothing else;
+- ``{<funnel name>}`` is a Redis Cluster hash tag: a funnel and its companions share
+  one slot. Names are made of ``safe_part`` text only (no braces, no ``#``);
+- ``<suffix>`` is empty, or ``:<limit index>[:<key part>]`` when a task has several
+  limits (checked together in one script, so under one tag), then optionally a
+  companion mark: ``#tickets`` for the reservation tickets beside a GCRA funnel.
+
+Funnel names: a FunnelTask with one limit is ``<task>`` or ``<task>:<key part>``
+(every key part its own slot, so a Cluster spreads customers); with several limits the
+name is ``<task>`` and each limit's key is ``:<index>[:<key part>]`` after it. A
+worker-wide ``funnel_limits`` entry is ``limit:<pattern>``, or
+``limit:<pattern>:<worker>`` with ``"scope": "worker"``.
+
+Keys of the layout before 0.3 (``{<key>}:tickets``, ``{<key>}:<n>`` sliding-window
+counters) are never read again and expire by themselves (at most one period).
+"""
 
 from __future__ import annotations
 
-__all__ = ["companion_key", "hash_tag"]
+import hashlib
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+__all__ = [
+    "FunnelKey",
+    "companion_key",
+    "funnel_key",
+    "glob_escape",
+    "hash_tag",
+    "limit_key",
+    "parse_key",
+    "safe_part",
+    "scan_pattern",
+    "task_key",
+    "tickets_key",
+]
+
+_SAFE_CHARS = r"A-Za-z0-9_.:@*?=+\-"
+_SAFE = re.compile(f"[{_SAFE_CHARS}]{{1,64}}")
+# what safe_part can produce: its safe text, or "~" and hex digits
+_NAME = f"[{_SAFE_CHARS}~]+"
+COMPANION_MARK = "#"
+TICKETS = "tickets"
+LIMIT_NAME = "limit"
+_HASHED = re.compile("~[0-9a-f]{24}")
+_GLOB = re.compile(r"([*?\[\]\\])")
+
+
+def safe_part(value: object) -> str:
+    """A key part that cannot escape its prefix, break a ``{hash tag}`` or grow without
+    bound: short plain text is kept, anything else (long, binary, braces, spaces,
+    non-ASCII) becomes ``~`` and 24 hex digits of its SHA-256."""
+    raw = value if isinstance(value, bytes) else str(value).encode("utf-8", "surrogatepass")
+    text = raw.decode("ascii", "replace")
+    if _SAFE.fullmatch(text) and not text.startswith("~"):
+        return text
+    return "~" + hashlib.sha256(raw).hexdigest()[:24]
 
 
 def hash_tag(key: str) -> str | None:
@@ -23,11 +81,120 @@ def hash_tag(key: str) -> str | None:
 def companion_key(key: str, suffix: str) -> str:
     """A key for ``suffix`` data that Redis Cluster stores in ``key``'s slot.
 
-    A key with a hash tag keeps it (``a{x}b`` -> ``a{x}b:suffix``); a key without one is
-    hashed whole, which ``{key}:suffix`` reproduces when ``key`` holds no ``}``.
+    A key with a hash tag (every key of the layout) keeps it: ``p{x}`` ->
+    ``p{x}#suffix``, under the same prefix. A key without one (a caller of the
+    backend API using its own names) is hashed whole, which ``{key}#suffix``
+    reproduces when ``key`` holds no ``}``.
     """
     if hash_tag(key) is not None or "}" in key:
         # With a stray "}" but no tag, no companion can share the slot; such keys
         # only come from callers that bypass the key builder.
-        return f"{key}:{suffix}"
-    return f"{{{key}}}:{suffix}"
+        return f"{key}{COMPANION_MARK}{suffix}"
+    return f"{{{key}}}{COMPANION_MARK}{suffix}"
+
+
+def tickets_key(key: str) -> str:
+    """Where the reservation tickets of GCRA funnel ``key`` live (a sorted set)."""
+    return companion_key(key, TICKETS)
+
+
+def funnel_key(prefix: str, name: str, *parts: str) -> str:
+    """``<prefix>{<name>}`` followed by ``:<part>`` for each non-empty part."""
+    return f"{prefix}{{{name}}}" + "".join(f":{part}" for part in parts if part)
+
+
+@lru_cache(maxsize=4096)
+def _safe_name(name: str) -> str:
+    # idempotent, unlike safe_part: a part made safe already is kept as it is
+    return name if _HASHED.fullmatch(name) else safe_part(name)
+
+
+def task_key(prefix: str, task_name: str, key_part: str = "", index: int | None = None) -> str:
+    """The funnel key of a FunnelTask's limit.
+
+    Args:
+        prefix: ``funnel_key_prefix``.
+        task_name: the task's name (made safe here).
+        key_part: what ``funnel_key`` selected (already safe), "" for one funnel.
+        index: the limit's position when the task has several limits (they share the
+            task's tag, so one script can check them all), None when it has one.
+    """
+    name = _safe_name(task_name)
+    if index is None:
+        return funnel_key(prefix, f"{name}:{key_part}" if key_part else name)
+    return funnel_key(prefix, name, str(index), key_part)
+
+
+def limit_key(prefix: str, pattern: str | None, worker: str = "") -> str:
+    """The funnel key of a worker-wide ``funnel_limits`` entry: one per ``pattern``,
+    or per ``pattern`` and ``worker`` (a node name) for ``"scope": "worker"``."""
+    name = f"{LIMIT_NAME}:{_safe_name(pattern or '*')}"
+    return funnel_key(prefix, f"{name}:{_safe_name(worker)}" if worker else name)
+
+
+def glob_escape(text: str) -> str:
+    """``text`` as a literal in a ``SCAN MATCH`` / ``KEYS`` glob (``*?[]\\`` escaped)."""
+    return _GLOB.sub(r"\\\1", text)
+
+
+def scan_pattern(prefix: str, name: str = "") -> str:
+    """A ``SCAN MATCH`` pattern for every key of the layout under ``prefix``, or for
+    the funnels named ``name`` (and ``name:<...>``) only. Callers still ``parse_key``
+    what it returns: the glob is a first cut, the parser the rule."""
+    return glob_escape(f"{prefix}{{{name}") + "*"
+
+
+@dataclass(frozen=True)
+class FunnelKey:
+    """A key of the layout, taken apart: ``<prefix>{<name>}<rest>[#<companion>]``."""
+
+    key: str
+    name: str
+    rest: str = ""  # "" or ":<index>[:<key part>]"
+    companion: str = ""  # "" for a funnel, else e.g. "tickets"
+
+    @property
+    def funnel(self) -> str:
+        """The funnel key this key belongs to (itself, for a funnel)."""
+        if not self.companion:
+            return self.key
+        return self.key[: -len(self.companion) - len(COMPANION_MARK)]
+
+    def in_family(self, name: str) -> bool:
+        """Whether the funnel is ``name`` or one of its key parts (``name:<part>``)."""
+        return self.name == name or self.name.startswith(name + ":")
+
+    def of_task(self, task_name: str, index: int | None = None) -> bool:
+        """Whether this key belongs to FunnelTask ``task_name``'s limit ``index``
+        (None: the task's only limit)."""
+        name = _safe_name(task_name)
+        if index is None:
+            return not self.rest and self.in_family(name)
+        return self.name == name and (self.rest + ":").startswith(f":{index}:")
+
+    def of_limit(self, pattern: str | None) -> bool:
+        """Whether this key belongs to the worker-wide limit on ``pattern``."""
+        return not self.rest and self.in_family(f"{LIMIT_NAME}:{_safe_name(pattern or '*')}")
+
+
+@lru_cache(maxsize=64)
+def _parser(prefix: str) -> re.Pattern[str]:
+    return re.compile(
+        re.escape(prefix)
+        + rf"\{{({_NAME})\}}((?::[0-9]+(?::{_NAME})?)?)"
+        + rf"(?:{re.escape(COMPANION_MARK)}({TICKETS}))?"
+    )
+
+
+def parse_key(prefix: str, key: str | bytes) -> FunnelKey | None:
+    """``key`` taken apart when it is a key of the layout under ``prefix``, else None
+    (a broker queue, a result, another app's key, a foreign key under the prefix)."""
+    if isinstance(key, bytes):
+        try:
+            key = key.decode("ascii")
+        except UnicodeDecodeError:
+            return None
+    match = _parser(prefix).fullmatch(key)
+    if match is None:
+        return None
+    return FunnelKey(key, match[1], match[2], match[3] or "")

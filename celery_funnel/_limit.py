@@ -6,15 +6,14 @@ The limiter owns keys and policy; the backend only runs one atomic step per call
 
 from __future__ import annotations
 
-import hashlib
 import inspect
-import re
 import string
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ._errors import ConfigurationError
+from ._keys import safe_part
 from ._rate import Rate
 from .backends.base import Funnel
 from .strategies.reservation import Shape
@@ -23,21 +22,9 @@ __all__ = ["STRATEGIES", "Limit", "Verdict", "check_all", "parse_limit", "safe_p
 
 STRATEGIES = ("gcra", "fixed_window", "sliding_window", "sliding_log")
 SCOPES = ("global", "worker")
-_SAFE = re.compile(r"[A-Za-z0-9_.:@*?=+-]{1,64}")
 
 KeyFunc = Callable[..., object]
 CostFunc = Callable[..., int]
-
-
-def safe_part(value: object) -> str:
-    """A key part that cannot escape its prefix, break a ``{hash tag}`` or grow without
-    bound: short plain text is kept, anything else (long, binary, braces, spaces,
-    non-ASCII) becomes ``~`` and 24 hex digits of its SHA-256."""
-    raw = value if isinstance(value, bytes) else str(value).encode("utf-8", "surrogatepass")
-    text = raw.decode("ascii", "replace")
-    if _SAFE.fullmatch(text) and not text.startswith("~"):
-        return text
-    return "~" + hashlib.sha256(raw).hexdigest()[:24]
 
 
 class _SafeFormatter(string.Formatter):

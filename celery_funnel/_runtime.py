@@ -8,6 +8,7 @@ from functools import cached_property
 from typing import Any
 
 from ._countdown import CountdownPolicy, policy_for
+from ._keys import limit_key, task_key
 from ._observe import Observer
 from ._outage import OutageLog
 from ._settings import FunnelSettings
@@ -54,9 +55,13 @@ class Runtime:
         if funnel is not None:
             funnel.client.close()
 
-    def key(self, *parts: str) -> str:
-        """A funnel key under the configured prefix."""
-        return self.settings.key_prefix + ":".join(p for p in parts if p)
+    def task_key(self, task_name: str, key_part: str = "", index: int | None = None) -> str:
+        """The funnel key of a FunnelTask's limit (``_keys.task_key`` under the prefix)."""
+        return task_key(self.settings.key_prefix, task_name, key_part, index)
+
+    def limit_key(self, pattern: str | None, worker: str = "") -> str:
+        """The funnel key of a worker-wide limit (``_keys.limit_key`` under the prefix)."""
+        return limit_key(self.settings.key_prefix, pattern, worker)
 
 
 def runtime_for(app: Any) -> Runtime:

@@ -18,7 +18,7 @@ from celery import Task
 from celery.exceptions import Ignore
 
 from ._errors import BackendError, ConfigurationError, CostTooHighError, TooManyDeferralsError
-from ._limit import Limit, Verdict, check_all, safe_part
+from ._limit import Limit, Verdict, check_all
 from ._outage import backoff
 from ._runtime import Runtime, runtime_for
 from ._task_options import HEADER, OPTIONS, Deferral, dry_run_of, limits_of, policy_of
@@ -178,15 +178,11 @@ class FunnelTask(Task):  # type: ignore[misc]
         args: Sequence[Any],
         kwargs: Mapping[str, Any],
     ) -> list[str]:
-        if "_funnel_key_base" not in self.__dict__:
-            base = safe_part(self.name)
-            # several limits are checked in one script: one Redis Cluster slot for all
-            self.__dict__["_funnel_key_base"] = base if len(limits) == 1 else f"{{{base}}}"
-        base = self.__dict__["_funnel_key_base"]
         if len(limits) == 1:
-            return [runtime.key(base, limits[0].key_part(self.run, args, kwargs))]
+            return [runtime.task_key(self.name, limits[0].key_part(self.run, args, kwargs))]
+        # several limits are checked in one script: the key layout gives them one slot
         return [
-            runtime.key(base, str(i), limit.key_part(self.run, args, kwargs))
+            runtime.task_key(self.name, limit.key_part(self.run, args, kwargs), i)
             for i, limit in enumerate(limits)
         ]
 

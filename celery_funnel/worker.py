@@ -61,8 +61,8 @@ class WorkerGate:
         return self._by_name[name]
 
     def key(self, limit: Limit) -> str:
-        scope = self.hostname if limit.scope == "worker" else ""
-        return self.runtime.key("limit", safe_part(limit.pattern or "*"), scope)
+        worker = self.hostname if limit.scope == "worker" else ""
+        return self.runtime.limit_key(limit.pattern, worker)
 
     def __call__(self, request: Any) -> Any:
         limits = self.limits_for(request.name)

@@ -5,9 +5,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from .._keys import companion_key
+from .._keys import tickets_key
 from .._scripts import Arg, Reply, Script
-from ..strategies.sliding_window import MAX_WINDOWS
 from .base import Funnel
 from .memstore import Clock, MemoryStore
 
@@ -30,5 +29,4 @@ class MemoryFunnel(Funnel):
 
     def reset(self, key: str) -> None:
         with self._lock:
-            self.store.delete(key, companion_key(key, "tickets"))
-            self.store.delete(*(companion_key(key, str(i)) for i in range(MAX_WINDOWS)))
+            self.store.delete(key, tickets_key(key))

@@ -63,9 +63,6 @@ class MemoryStore:
         value = self._live(key)
         return value if isinstance(value, str) else None
 
-    def mget(self, keys: Sequence[str]) -> list[str | None]:
-        return [self.get(key) for key in keys]
-
     def set_px(self, key: str, value: str, ms: int) -> None:
         self._data[key] = value
         self.pexpire(key, ms)
@@ -79,6 +76,10 @@ class MemoryStore:
     def hmget(self, key: str, fields: Sequence[str]) -> list[str | None]:
         value = self._live(key)
         return [value.get(f) if isinstance(value, dict) else None for f in fields]  # type: ignore[misc]
+
+    def hgetall(self, key: str) -> dict[str, str]:
+        value = self._live(key)
+        return dict(value) if isinstance(value, dict) else {}  # type: ignore[arg-type]
 
     def hset(self, key: str, mapping: dict[str, str]) -> None:
         self._hash(key).update(mapping)

@@ -8,9 +8,8 @@ from typing import Any
 from redis.exceptions import NoScriptError, RedisError
 
 from .._errors import BackendError, ConfigurationError
-from .._keys import companion_key
+from .._keys import tickets_key
 from .._scripts import Arg, Reply, Script
-from ..strategies.sliding_window import MAX_WINDOWS
 from ._clients import client_from_url
 from .base import Funnel
 
@@ -61,8 +60,7 @@ class RedisFunnel(Funnel):
         return reply if isinstance(reply, list) else [reply]
 
     def reset(self, key: str) -> None:
-        ring = [companion_key(key, str(i)) for i in range(MAX_WINDOWS)]
         try:
-            self.client.delete(key, companion_key(key, "tickets"), *ring)
+            self.client.delete(key, tickets_key(key))
         except RedisError as exc:
             raise BackendError(f"Redis failed deleting {key!r}: {exc}") from exc

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .._errors import ConfigurationError
-from .._keys import companion_key
+from .._keys import tickets_key
 from .._scripts import Arg, Eval, Reply, Script, clock_arg, parse_now
 from ..backends.memstore import MemoryStore
 from ._common import US, check_key, now_us, seconds
@@ -51,7 +51,7 @@ def hold(
     _, t, tau = shape(max_burst, count, period)
     (reply,) = run(
         SCRIPT,
-        (key, companion_key(key, "tickets")),
+        (key, tickets_key(key)),
         (t, tau, max(round(hold_for * US), 1), clock_arg(now_us(now))),
     )
     return seconds(reply)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from .._decision import Reservation
 from .._errors import ConfigurationError
-from .._keys import companion_key
+from .._keys import tickets_key
 from .._scripts import Arg, Eval, Reply, Script, clock_arg, parse_now
 from ..backends.memstore import MemoryStore
 from ._common import US, check_int, check_key, now_us, seconds
@@ -128,7 +128,7 @@ def reserve_all(
         -1 if max_wait is None else _grace_us("max_wait", max_wait, -1),
         *pairs,
     ]  # fmt: skip
-    keys = [companion_key(funnels[0].key, "tickets"), *(f.key for f in funnels)]
+    keys = [tickets_key(funnels[0].key), *(f.key for f in funnels)]
     status, delay_us, reset_us, stale = run(SCRIPT, keys, args)
     return Reservation(
         admitted=status == ADMITTED,

@@ -1,8 +1,9 @@
 """Sliding window of N sub-window counters (seed 004): smoother than one fixed window,
 constant memory (N small counters), and exact to one sub-window.
 
-The counters are N keys that share one ``{hash tag}``, so one script can read them all
-on Redis Cluster.
+The counters are the fields of one hash per funnel (field ``i mod N`` holds sub-window
+``i``), so a funnel is one key whatever N: no key names to build per call, one slot on
+Redis Cluster, and a fraction of the memory of a key per counter.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from collections.abc import Sequence
 
 from .._decision import Decision
 from .._errors import ConfigurationError
-from .._keys import companion_key
 from .._scripts import Arg, Eval, Reply, Script, clock_arg, parse_now
 from ..backends.memstore import MemoryStore
 from . import _window
@@ -23,22 +23,20 @@ MAX_WINDOWS = 100
 def _twin(store: MemoryStore, keys: Sequence[str], argv: Sequence[Arg]) -> Reply:
     limit, sub, quantity = int(argv[0]), int(argv[1]), int(argv[2])
     now = parse_now(argv[3], store)
-    n = len(keys)
+    n = int(argv[5])
     current = now // sub
     live = [0] * n  # live[k]: sub-window current - n + 1 + k, oldest first
-    for value in store.mget(keys):
-        if value is not None:
-            index, units = (int(part) for part in value.split(":"))
-            if current - n < index <= current:
-                live[index - current + n - 1] = units
+    for field, value in store.hgetall(keys[0]).items():
+        index, units = (int(part) for part in value.split(":"))
+        if current - n < index <= current and int(field) == index % n:
+            live[index - current + n - 1] = units
     used = sum(live)
     granted = _window.grant(quantity, limit - used, str(argv[4]) == "1")
     if granted > 0:
         live[-1] += granted
         used += granted
-        store.set_px(
-            keys[current % n], f"{current}:{live[-1]}", -(-((current + n) * sub - now) // 1000)
-        )
+        store.hset(keys[0], {str(current % n): f"{current}:{live[-1]}"})
+        store.pexpire(keys[0], -(-((current + n) * sub - now) // 1000))
     retry_after, rest = -1, quantity - granted
     if 0 < rest <= limit:
         need, freed = used + rest - limit, 0
@@ -52,11 +50,6 @@ def _twin(store: MemoryStore, keys: Sequence[str], argv: Sequence[Arg]) -> Reply
 
 
 SCRIPT = Script.load("sliding_window", _twin)
-
-
-def ring_keys(key: str, windows: int) -> list[str]:
-    """The ``windows`` counter keys of ``key``, all in ``key``'s hash slot."""
-    return [companion_key(key, str(i)) for i in range(windows)]
 
 
 def sliding_window(
@@ -76,5 +69,7 @@ def sliding_window(
         raise ConfigurationError(f"windows must be at most {MAX_WINDOWS}, got {windows!r}")
     limit, span = period_us(limit, period)
     sub = -(-span // windows)  # rounded up: the window may be longer, never shorter
-    args: list[Arg] = [limit, sub, quantity, clock_arg(now_us(now)), "1" if partial else "0"]
-    return _window.decision(limit, quantity, run(SCRIPT, ring_keys(key, windows), args))
+    args: list[Arg] = [
+        limit, sub, quantity, clock_arg(now_us(now)), "1" if partial else "0", windows
+    ]  # fmt: skip
+    return _window.decision(limit, quantity, run(SCRIPT, (key,), args))

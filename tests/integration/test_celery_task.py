@@ -175,7 +175,7 @@ def test_an_upstream_429_holds_the_funnel_for_every_task(
     upstream = celery_app.tasks["proj.upstream"]  # 100/s, capacity 5
     first = upstream.delay(0)  # meets a 429, Retry-After 1 s
     # admissions alone keep the key <= 50 ms; the hold makes it ~1 s
-    wait_for(lambda: redis_client.pttl("funnel:proj.upstream") > 500)
+    wait_for(lambda: redis_client.pttl("funnel:{proj.upstream}") > 500)
     held_at = time.time()
     later = [upstream.delay(i) for i in range(1, 4)]
     assert [r.get(timeout=20) for r in [first, *later]] == [0, 1, 2, 3]

@@ -29,12 +29,12 @@ def test_status_inspect_and_reset(redis_url: str, redis_client: redis.Redis) -> 
     redis_client.flushall()
     funnel = RedisFunnel(redis_client)
     # proj.hourly: 1/h, so the funnel outlives the command's start-up
-    funnel.reserve("funnel:proj.hourly", 0, 1, 3600, ticket="first")  # admitted
-    funnel.reserve("funnel:proj.hourly", 0, 1, 3600, ticket="second")  # booked
+    funnel.reserve("funnel:{proj.hourly}", 0, 1, 3600, ticket="first")  # admitted
+    funnel.reserve("funnel:{proj.hourly}", 0, 1, 3600, ticket="second")  # booked
 
     done = celery_funnel(redis_url, "status", "--json")
     assert done.returncode == 0, done.stderr
-    (row,) = [r for r in json.loads(done.stdout) if r["key"] == "funnel:proj.hourly"]
+    (row,) = [r for r in json.loads(done.stdout) if r["key"] == "funnel:{proj.hourly}"]
     assert (row["kind"], row["rate"], row["capacity"], row["reservations"]) == (
         "gcra",
         "1/h",
@@ -44,17 +44,17 @@ def test_status_inspect_and_reset(redis_url: str, redis_client: redis.Redis) -> 
     assert row["remaining"] == 0
     assert 7000 < row["reset_after"] <= 7200  # two hours booked
 
-    done = celery_funnel(redis_url, "inspect", "funnel:proj.hourly", "--json")
+    done = celery_funnel(redis_url, "inspect", "funnel:{proj.hourly}", "--json")
     assert done.returncode == 0, done.stderr
     assert [t["ticket"] for t in json.loads(done.stdout)["tickets"]] == ["second"]
 
     table = celery_funnel(redis_url, "status")
-    assert "funnel:proj.hourly" in table.stdout
+    assert "funnel:{proj.hourly}" in table.stdout
     assert "1/h" in table.stdout
 
-    done = celery_funnel(redis_url, "reset", "funnel:proj.hourly")
+    done = celery_funnel(redis_url, "reset", "funnel:{proj.hourly}")
     assert done.returncode == 0, done.stderr
-    assert redis_client.keys("*funnel:proj.hourly*") == []
+    assert redis_client.keys("*funnel:{proj.hourly}*") == []
 
 
 def test_unreachable_redis_is_a_clear_error() -> None:

@@ -63,7 +63,9 @@ def test_reset_removes_every_key_of_a_funnel(
 ) -> None:
     redis_funnel.throttle(key, 0, 1, 3600)
     redis_funnel.reserve(key, 0, 1, 3600, ticket="t")
-    redis_funnel.sliding_window(key, 1, 60, windows=3)
-    assert redis_client.keys(f"*{key}*")
+    window = f"{key}:window"
+    redis_funnel.sliding_window(window, 1, 60, windows=3)
+    assert len(redis_client.keys(f"*{key}*")) == 3  # a sliding window is one key
     redis_funnel.reset(key)
+    redis_funnel.reset(window)
     assert redis_client.keys(f"*{key}*") == []

@@ -6,7 +6,16 @@ import pytest
 from redis.crc import key_slot
 
 from celery_funnel import ConfigurationError, Decision, Funnel, MemoryFunnel, Reservation
-from celery_funnel._keys import companion_key, hash_tag
+from celery_funnel._keys import (
+    companion_key,
+    glob_escape,
+    hash_tag,
+    limit_key,
+    parse_key,
+    scan_pattern,
+    task_key,
+    tickets_key,
+)
 from celery_funnel._scripts import Arg, Reply, Script
 
 
@@ -40,7 +49,60 @@ def test_companion_keys_share_the_cluster_slot(key: str) -> None:
 def test_no_companion_can_share_the_slot_of_a_key_with_a_stray_brace() -> None:
     """Redis hashes "a{}b" whole, and no key holding it whole as a tag exists; the key
     builder of the Celery layer never makes such keys."""
-    assert companion_key("a{}b", "tickets") == "a{}b:tickets"
+    assert companion_key("a{}b", "tickets") == "a{}b#tickets"
+
+
+@pytest.mark.parametrize(
+    ("key", "layout"),
+    [
+        (task_key("funnel:", "proj.send"), "funnel:{proj.send}"),
+        (task_key("funnel:", "proj.send", "cust42"), "funnel:{proj.send:cust42}"),
+        (task_key("funnel:", "proj.send", "cust42", 1), "funnel:{proj.send}:1:cust42"),
+        (task_key("funnel:", "proj.send", "", 0), "funnel:{proj.send}:0"),
+        (task_key("p:", "a task{x}"), "p:{~6533744eaae5e1cf00e19e60}"),
+        (limit_key("funnel:", "emails.*"), "funnel:{limit:emails.*}"),
+        (limit_key("funnel:", "*", "w1@host"), "funnel:{limit:*:w1@host}"),
+        (tickets_key("funnel:{proj.send}"), "funnel:{proj.send}#tickets"),
+    ],
+)
+def test_every_key_is_prefix_then_hash_tag(key: str, layout: str) -> None:
+    """<prefix>{<funnel name>}<suffix>: companions under the prefix, in the funnel's slot."""
+    assert key == layout
+    parsed = parse_key(key.split("{", maxsplit=1)[0], key)
+    assert parsed is not None
+    assert key_slot(tickets_key(parsed.funnel).encode()) == key_slot(key.encode())
+
+
+def test_keys_of_one_funnel_are_told_apart_from_foreign_keys() -> None:
+    prefix = "funnel:"
+    funnel = task_key(prefix, "proj.send", "c1")
+    parsed = parse_key(prefix, tickets_key(funnel))
+    assert parsed is not None
+    assert (parsed.name, parsed.companion, parsed.funnel) == ("proj.send:c1", "tickets", funnel)
+    assert parsed.of_task("proj.send")
+    assert not parsed.of_task("proj.sen")
+    several = parse_key(prefix, task_key(prefix, "proj.send", "c1", 1))
+    assert several is not None
+    assert several.of_task("proj.send", 1)
+    assert not several.of_task("proj.send", 0)
+    assert not several.of_task("proj.send")
+    worker = parse_key(prefix, limit_key(prefix, "emails.*", "w1"))
+    assert worker is not None
+    assert worker.of_limit("emails.*")
+    assert not worker.of_limit("*")
+    foreign_keys: list[str | bytes] = [
+        "celery", "_kombu.binding.celery", "celery-task-meta-1", "funnel:proj.send",
+        "funnel:{a b}", "funnel:{x}#other", "funnel:{x}}", "other:{x}", b"funnel:{\xff}",
+        "funnel:{proj.send}:1:x y", "{proj.send}", "{x}:tickets", "funnel:{x}:tickets:0",
+    ]  # fmt: skip
+    for foreign in foreign_keys:
+        assert parse_key(prefix, foreign) is None, foreign
+
+
+def test_glob_characters_of_the_prefix_are_escaped() -> None:
+    assert glob_escape("a*b?c[d]e\\f") == "a\\*b\\?c\\[d\\]e\\\\f"
+    assert scan_pattern("*") == "\\*{*"
+    assert scan_pattern("app[1]:", "celery") == "app\\[1\\]:{celery*"
 
 
 def test_hash_tag() -> None:
@@ -98,6 +160,8 @@ def test_memory_funnel_reset() -> None:
     funnel = MemoryFunnel()
     funnel.throttle("k", 0, 1, 3600)
     funnel.reserve("k", 0, 1, 3600, ticket="t")
-    funnel.sliding_window("k", 1, 60, windows=3)
+    funnel.sliding_window("w", 1, 60, windows=3)  # one hash, whatever the windows
+    assert sorted(funnel.store.keys()) == ["k", "w", "{k}#tickets"]
     funnel.reset("k")
+    funnel.reset("w")
     assert funnel.store.keys() == []
