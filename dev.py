@@ -94,7 +94,7 @@ def compat(rest: list[str]) -> None:
         if python is None:
             print(f"compat {name}: no interpreter found, skipped", flush=True)
             continue
-        root = ROOT / f".venv-{name}"
+        root = Path(os.environ.get("CELERY_FUNNEL_COMPAT_ROOT") or ROOT) / f".venv-{name}"
         py = ensure("test", root, python)
         upgrade = () if pins else ("--upgrade", "celery[redis]", "kombu", "redis")
         sh(py, "-m", "pip", "install", "-q", *upgrade, *pins)

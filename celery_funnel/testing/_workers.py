@@ -16,8 +16,8 @@ __all__ = ["CeleryWorkers"]
 
 class CeleryWorkers:
     """``count`` real ``celery worker`` processes for ``app`` (a ``-A`` target), named
-    ``w1@host`` … (``prefix`` instead of ``w``), sharing ``env``; stopped together (warm
-    shutdown, then SIGKILL)."""
+    ``w1@host`` … (``prefix`` instead of ``w``), sharing ``env``, run by ``python`` (default:
+    this interpreter); stopped together (warm shutdown, then SIGKILL)."""
 
     def __init__(
         self,
@@ -27,16 +27,17 @@ class CeleryWorkers:
         *options: str,
         cwd: str | None = None,
         prefix: str = "w",
+        python: str | None = None,
     ) -> None:
         self.app, self.count, self.env, self.options, self.cwd = app, count, env, options, cwd
-        self.prefix = prefix
+        self.prefix, self.python = prefix, python or sys.executable
         self.processes: list[subprocess.Popen[bytes]] = []
         self._logs = tempfile.TemporaryDirectory(prefix="celery-funnel-workers-")
 
     def start(self) -> CeleryWorkers:
         for number in range(1, self.count + 1):
             args = [
-                sys.executable, "-m", "celery", "-A", self.app, "worker",
+                self.python, "-m", "celery", "-A", self.app, "worker",
                 "-n", f"{self.prefix}{number}@%h",
                 "--without-gossip", "--without-mingle", "--without-heartbeat",
                 "-l", "INFO", *self.options,
