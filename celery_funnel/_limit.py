@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from . import strategies
 from ._errors import ConfigurationError
 from ._keys import safe_part
 from ._rate import Rate
@@ -20,8 +21,8 @@ from .strategies.reservation import Shape
 
 __all__ = ["STRATEGIES", "Limit", "Verdict", "check_all", "parse_limit", "safe_part"]
 
-STRATEGIES = ("gcra", "fixed_window", "sliding_window", "sliding_log")
-SCOPES = ("global", "worker")
+STRATEGIES = strategies.names()  # every registered strategy
+SCOPES = strategies.SCOPES
 
 KeyFunc = Callable[..., object]
 CostFunc = Callable[..., int]
@@ -61,6 +62,10 @@ class Limit:
     scope: str = "global"
     windows: int = 10
 
+    def __post_init__(self) -> None:
+        # a Limit built directly is checked as one from parse_limit is, in the same words
+        strategies.validate(self)
+
     def key_part(
         self, run: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
     ) -> str:
@@ -94,27 +99,17 @@ class Limit:
         plain decision. ``cost`` 0 always runs."""
         if cost == 0:
             return Verdict(run=True)
-        rate = self.rate
-        if self.strategy == "gcra":
-            if ticket is None or not redeem:
-                # First arrivals try the cheaper plain decision (most are admitted) and
-                # book a slot only when refused.
-                d = funnel.throttle(key, self.capacity - 1, rate.count, rate.period, cost)
-                never = d.limited and d.retry_after < 0
-                if d.allowed or never or ticket is None:
-                    return Verdict(d.allowed, max(d.retry_after, 0.0), never=never)
-            r = funnel.reserve(
-                key, self.capacity - 1, rate.count, rate.period, cost,
-                ticket=ticket, redeem=redeem, late=late,
-            )  # fmt: skip
-            return Verdict(r.admitted, max(r.delay, 0.0), r.booked, r.never, r.stale)
-        if self.strategy == "fixed_window":
-            d = funnel.fixed_window(key, rate.count, rate.period, cost)
-        elif self.strategy == "sliding_log":
-            d = funnel.sliding_log(key, rate.count, rate.period, cost)
-        else:
-            d = funnel.sliding_window(key, rate.count, rate.period, cost, windows=self.windows)
-        return Verdict(d.allowed, max(d.retry_after, 0.0), never=d.limited and d.retry_after < 0)
+        strategy = strategies.get(self.strategy)
+        reserve = strategy.reserve if ticket is not None else None
+        if reserve is None or not redeem:
+            # First arrivals try the cheaper plain decision (most are admitted) and
+            # book a slot only when refused.
+            d = strategy.decide(funnel, key, self, cost)
+            never = d.limited and d.retry_after < 0
+            if d.allowed or never or reserve is None:
+                return Verdict(d.allowed, max(d.retry_after, 0.0), never=never)
+        r = reserve(funnel, key, self, cost, ticket or "", redeem, late)
+        return Verdict(r.admitted, max(r.delay, 0.0), r.booked, r.never, r.stale)
 
 
 def check_all(

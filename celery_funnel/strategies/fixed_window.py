@@ -13,6 +13,7 @@ from .._scripts import Arg, Eval, Reply, Script, clock_arg, parse_now
 from ..backends.memstore import MemoryStore
 from . import _window
 from ._common import check_int, check_key, now_us, period_us
+from ._registry import Strategy, register
 
 
 def _twin(store: MemoryStore, keys: Sequence[str], argv: Sequence[Arg]) -> Reply:
@@ -44,3 +45,13 @@ def fixed_window(
     limit, window = period_us(limit, period)
     args: list[Arg] = [limit, window, quantity, clock_arg(now_us(now)), "1" if partial else "0"]
     return _window.decision(limit, quantity, run(SCRIPT, (key,), args))
+
+
+register(
+    Strategy(
+        "fixed_window",
+        decide=lambda funnel, key, spec, quantity: funnel.fixed_window(
+            key, spec.rate.count, spec.rate.period, quantity
+        ),
+    )
+)

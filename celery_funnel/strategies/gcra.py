@@ -17,6 +17,7 @@ from .._errors import ConfigurationError
 from .._scripts import Arg, Eval, Reply, Script, clock_arg, parse_now
 from ..backends.memstore import MemoryStore
 from ._common import check_int, check_key, emission_us, now_us, seconds
+from ._registry import Spec, Strategy, register
 
 # TATs are epoch microseconds (~2^51 today) plus tau: keep Lua's doubles exact.
 MAX_TOLERANCE_US = 2**52
@@ -84,3 +85,27 @@ def throttle(
     limit, t, tau = shape(max_burst, count, period)
     (reply,) = run(SCRIPT, (key,), (t * quantity, tau, clock_arg(now_us(now))))
     return decode(reply, limit, t, tau, quantity)
+
+
+def _check(spec: Spec) -> None:
+    try:
+        shape(spec.capacity - 1, spec.rate.count, spec.rate.period)
+    except ConfigurationError:
+        raise ConfigurationError(
+            f"capacity {spec.capacity} at {spec.rate} spans more than"
+            f" {MAX_TOLERANCE_US // 10**6 // 86400 // 365} years: lower it"
+        ) from None
+
+
+register(Strategy(
+    "gcra",
+    decide=lambda funnel, key, spec, quantity: funnel.throttle(
+        key, spec.capacity - 1, spec.rate.count, spec.rate.period, quantity
+    ),
+    reserve=lambda funnel, key, spec, quantity, ticket, redeem, late: funnel.reserve(
+        key, spec.capacity - 1, spec.rate.count, spec.rate.period, quantity,
+        ticket=ticket, redeem=redeem, late=late,
+    ),
+    capacity_bound=True,
+    check=_check,
+))  # fmt: skip

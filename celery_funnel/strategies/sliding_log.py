@@ -12,6 +12,7 @@ from .._scripts import Arg, Eval, Reply, Script, clock_arg, parse_now
 from ..backends.memstore import MemoryStore
 from . import _window
 from ._common import check_int, check_key, now_us, period_us
+from ._registry import Strategy, register
 
 
 def _twin(store: MemoryStore, keys: Sequence[str], argv: Sequence[Arg]) -> Reply:
@@ -45,3 +46,13 @@ def sliding_log(
     return _window.decision(
         limit, quantity, run(SCRIPT, (key,), (limit, span, quantity, clock_arg(now_us(now))))
     )
+
+
+register(
+    Strategy(
+        "sliding_log",
+        decide=lambda funnel, key, spec, quantity: funnel.sliding_log(
+            key, spec.rate.count, spec.rate.period, quantity
+        ),
+    )
+)

@@ -16,8 +16,16 @@ from .._scripts import Arg, Eval, Reply, Script, clock_arg, parse_now
 from ..backends.memstore import MemoryStore
 from . import _window
 from ._common import check_int, check_key, now_us, period_us
+from ._registry import Spec, Strategy, register
 
 MAX_WINDOWS = 100
+
+
+def check_windows(windows: object) -> int:
+    """``windows`` as an int from 1 to ``MAX_WINDOWS``, else ``ConfigurationError``."""
+    if check_int("windows", windows, 1) > MAX_WINDOWS:
+        raise ConfigurationError(f"windows must be at most {MAX_WINDOWS}, got {windows!r}")
+    return windows  # type: ignore[return-value]
 
 
 def _twin(store: MemoryStore, keys: Sequence[str], argv: Sequence[Arg]) -> Reply:
@@ -65,11 +73,25 @@ def sliding_window(
     """One sliding-window decision through ``run``; see ``Funnel.sliding_window``."""
     check_key(key)
     check_int("quantity", quantity, 0)
-    if check_int("windows", windows, 1) > MAX_WINDOWS:
-        raise ConfigurationError(f"windows must be at most {MAX_WINDOWS}, got {windows!r}")
+    check_windows(windows)
     limit, span = period_us(limit, period)
     sub = -(-span // windows)  # rounded up: the window may be longer, never shorter
     args: list[Arg] = [
         limit, sub, quantity, clock_arg(now_us(now)), "1" if partial else "0", windows
     ]  # fmt: skip
     return _window.decision(limit, quantity, run(SCRIPT, (key,), args))
+
+
+def _check(spec: Spec) -> None:
+    check_windows(spec.windows)
+
+
+register(
+    Strategy(
+        "sliding_window",
+        decide=lambda funnel, key, spec, quantity: funnel.sliding_window(
+            key, spec.rate.count, spec.rate.period, quantity, windows=spec.windows
+        ),
+        check=_check,
+    )
+)
