@@ -1,6 +1,9 @@
-"""``celery -A proj funnel status|inspect|reset``: see and reset the app's funnels.
+"""``celery -A proj funnel status|inspect|reset|check``: see, reset and check the app's
+funnels. Registered as a Celery subcommand through the ``celery.commands`` entry point.
 
-Registered as a Celery subcommand through the ``celery.commands`` entry point.
+It only presents what the core computes (``_cli_view``), and only touches keys that
+parse as keys of the layout (``_keys``): never a broker queue, a result, or another
+app's key, whatever the prefix or the name given.
 """
 
 from __future__ import annotations
@@ -9,81 +12,36 @@ import json
 from typing import Any
 
 import click
-import redis
 from celery.bin.base import CeleryCommand, handle_preload_options
 
-from ._keys import tickets_key
-from ._limit import Limit
+from ._cli_view import Failure, Found, at, describe, find, limit_of
+from ._keys import FunnelKey, parse_key
 from ._runtime import Runtime, runtime_for
-from ._task_options import limits_of
-from .strategies._common import US
-from .task import FunnelTask
+from .backends._check import acl_line, check
+from .backends._clients import mask_url
+from .backends.redis import RedisFunnel
+
+SHOWN = 20  # keys listed before "... and N more"
 
 
-def _limits_by_key(runtime: Runtime) -> dict[str, Limit]:
-    """Key base -> limit, for every FunnelTask of the app and every funnel_limits entry."""
-    bases: dict[str, Limit] = {}
-    for task in list(runtime.app.tasks.values()):
-        if isinstance(task, FunnelTask):
-            limits = limits_of(task)
-            for i, limit in enumerate(limits):
-                bases[runtime.task_key(task.name, "", None if len(limits) == 1 else i)] = limit
-    for limit in runtime.settings.limits:
-        bases[runtime.limit_key(limit.pattern)] = limit
-    return bases
-
-
-def _limit_for(key: str, bases: dict[str, Limit]) -> Limit | None:
-    matches = [b for b in bases if key == b or key.startswith(b + ":")]
-    return bases[max(matches, key=len)] if matches else None
-
-
-def _describe(client: redis.Redis, key: str, bases: dict[str, Limit], now: int) -> dict[str, Any]:
-    kind = client.type(key).decode()  # type: ignore[union-attr]
-    limit = _limit_for(key, bases)
-    row: dict[str, Any] = {"key": key, "kind": kind}
-    if limit is not None:
-        row.update(rate=str(limit.rate), capacity=limit.capacity, strategy=limit.strategy)
-    if kind == "string":
-        value = (client.get(key) or b"").decode()  # type: ignore[union-attr]
-        if ":" in value:  # a sliding-window counter: "<sub-window>:<units>"
-            row.update(kind="sliding_window counter", units=int(value.split(":")[1]))
-        else:
-            level = max(int(float(value)) - now, 0)
-            row.update(kind="gcra", reset_after=level / US)
-            if limit is not None and limit.strategy == "gcra":
-                t = -(-round(limit.rate.period * US) // limit.rate.count)
-                row["remaining"] = max((t * limit.capacity - level) // t, 0)
-            row["reservations"] = client.zcard(tickets_key(key))
-    elif kind == "hash":
-        start, used = client.hmget(key, ["w", "n"])
-        row.update(kind="fixed_window", used=int(used or 0), window_start=int(start or 0) / US)
-    elif kind == "zset":
-        row.update(kind="sliding_log", used=client.zcard(key))
-    ttl = client.pttl(key)
-    row["expires_in"] = None if ttl < 0 else ttl / 1000
-    return row
-
-
-def _connect(ctx: click.Context) -> tuple[Runtime, redis.Redis]:
+def _connect(ctx: click.Context) -> tuple[Runtime, RedisFunnel]:
     runtime = runtime_for(ctx.obj.app)
     try:
-        client = runtime.funnel.client  # type: ignore[attr-defined]
-        client.ping()
-    except Exception as exc:
+        funnel = runtime.funnel
+        if not isinstance(funnel, RedisFunnel):
+            raise click.ClickException("the funnels are not kept in Redis")
+        funnel.client.ping()
+    except Exception as exc:  # any failure to connect: one clear line
+        if isinstance(exc, click.ClickException):
+            raise
         raise click.ClickException(
             f"cannot reach the funnels' Redis (funnel_redis_url="
-            f"{runtime.settings.redis_url!r}): {exc}"
-        ) from exc
-    return runtime, client
+            f"{mask_url(runtime.settings.redis_url)!r}): {exc}"
+        ) from None
+    return runtime, funnel
 
 
-def _now_us(client: redis.Redis) -> int:
-    seconds, micros = client.time()
-    return int(seconds) * US + int(micros)
-
-
-def _print(ctx: click.Context, rows: list[dict[str, Any]], as_json: bool) -> None:
+def _echo_rows(ctx: click.Context, rows: list[dict[str, Any]], as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -92,65 +50,140 @@ def _print(ctx: click.Context, rows: list[dict[str, Any]], as_json: bool) -> Non
     ctx.obj.echo("  ".join(c.ljust(widths[c]) for c in columns))
     for row in rows:
         ctx.obj.echo("  ".join(str(row.get(c, "")).ljust(widths[c]) for c in columns))
+        if "error" in row:
+            ctx.obj.echo(f"  error: {row['error']}")
 
 
 @click.group(name="funnel")
 @click.pass_context
 @handle_preload_options  # type: ignore[untyped-decorator]
 def funnel(ctx: click.Context) -> None:
-    """See and reset celery-funnel's funnels (in funnel_redis_url)."""
+    """See, reset and check celery-funnel's funnels (in funnel_redis_url)."""
 
 
 @funnel.command(cls=CeleryCommand)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
-    """Every funnel: its limit, level, remaining, reset_after and reservations."""
-    runtime, client = _connect(ctx)
-    bases, now = _limits_by_key(runtime), _now_us(client)
-    keys = sorted(
-        k.decode() for k in client.scan_iter(match=runtime.settings.key_prefix + "*", count=500)
-    )
-    rows = [_describe(client, k, bases, now) for k in keys if not k.endswith(":tickets")]
-    _print(ctx, rows, as_json)
+    """Every funnel under the key prefix: its limit, remaining, reset_after, bookings."""
+    runtime, backend = _connect(ctx)
+    found = find(backend.client, runtime.settings.key_prefix)
+    rows = [describe(backend, k, limit_of(runtime, k)) for k in found.funnels]
+    _echo_rows(ctx, rows, as_json)
+    if found.foreign and not as_json:
+        ctx.obj.echo(f"({found.foreign} other keys under the prefix are not funnels: left alone)")
+
+
+def _resolve(runtime: Runtime, backend: RedisFunnel, name: str) -> Found:
+    """The keys of funnel ``name``: a full key of the layout (the funnel and its
+    companions), or a funnel name (it and its key parts, ``name:<part>``)."""
+    prefix = runtime.settings.key_prefix
+    parsed = parse_key(prefix, name)
+    if parsed is None:
+        return find(backend.client, prefix, name)
+    found = Found()
+    funnel_key = parse_key(prefix, parsed.funnel)
+    assert funnel_key is not None
+    companions = find(backend.client, prefix, funnel_key.name).keys
+    found.keys = [k for k in companions if k.funnel == funnel_key.key]
+    return found
 
 
 @funnel.command(cls=CeleryCommand)
-@click.argument("key")
+@click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def inspect(ctx: click.Context, key: str, as_json: bool) -> None:
-    """One funnel KEY in detail, with its booked tickets."""
-    runtime, client = _connect(ctx)
-    if not client.exists(key):
-        raise click.ClickException(f"no funnel {key!r}")
-    row = _describe(client, key, _limits_by_key(runtime), _now_us(client))
-    tickets: list[tuple[bytes, float]] = client.zrange(  # type: ignore[assignment]
-        tickets_key(key), 0, 19, withscores=True
-    )
-    row["tickets"] = [{"ticket": t.decode(), "slot": s / US} for t, s in tickets]
+def inspect(ctx: click.Context, name: str, as_json: bool) -> None:
+    """One funnel NAME (a task name, limit:<pattern>, or a full key) in detail, with
+    its booked tickets in local time."""
+    runtime, backend = _connect(ctx)
+    funnels = _resolve(runtime, backend, name).funnels
+    if not funnels:
+        raise click.ClickException(f"no funnel {name!r} under {runtime.settings.key_prefix!r}")
+    try:
+        now = backend.time()
+        rows = []
+        for key in funnels:
+            row = describe(backend, key, limit_of(runtime, key))
+            row["tickets"] = [
+                {"ticket": t, "slot": at(slot, now), "in_seconds": round(slot - now, 6)}
+                for t, slot in backend.tickets(key.key, SHOWN)
+            ]
+            rows.append(row)
+    except Failure as exc:
+        raise click.ClickException(str(exc)) from None
     if as_json:
-        click.echo(json.dumps(row, indent=2))
-    else:
-        for name, value in row.items():
-            ctx.obj.echo(f"{name:<14} {value}")
+        click.echo(json.dumps(rows[0] if len(rows) == 1 else rows, indent=2))
+        return
+    for row in rows:
+        for field, value in row.items():
+            if field != "tickets":
+                ctx.obj.echo(f"{field:<14} {value}")
+        for ticket in row["tickets"]:
+            ctx.obj.echo(f"  ticket {ticket['ticket']}: slot {ticket['slot']}")
+
+
+def _delete(backend: RedisFunnel, keys: list[FunnelKey]) -> int:
+    by_tag: dict[str, list[str]] = {}
+    for key in keys:  # one DEL per hash tag: one Cluster slot each
+        by_tag.setdefault(key.name, []).append(key.key)
+    return sum(int(backend.client.delete(*group)) for group in by_tag.values())
 
 
 @funnel.command(cls=CeleryCommand)
-@click.argument("key", required=False)
+@click.argument("names", nargs=-1)
 @click.option("--all", "everything", is_flag=True, help="Every funnel under the key prefix.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_context
-def reset(ctx: click.Context, key: str | None, everything: bool) -> None:
-    """Forget funnel KEY (its tickets and counters too), or --all of them."""
-    runtime, client = _connect(ctx)
-    if everything == bool(key):
-        raise click.UsageError("give a KEY or --all")
-    if everything:
-        keys = list(client.scan_iter(match=runtime.settings.key_prefix + "*", count=500))
-        for start in range(0, len(keys), 500):
-            client.delete(*keys[start : start + 500])
-        ctx.obj.echo(f"deleted {len(keys)} keys")
-        return
-    assert key is not None
-    deleted = client.delete(key, tickets_key(key))
-    ctx.obj.echo(f"deleted {deleted} keys of {key}")
+def reset(ctx: click.Context, names: tuple[str, ...], everything: bool, yes: bool) -> None:
+    """Forget funnels NAMES (task names, limit:<pattern>, or full keys; each with its
+    key parts and tickets), or --all of them. Only keys that parse as funnel keys
+    under funnel_key_prefix are deleted; the list is shown first."""
+    if everything == bool(names):
+        raise click.UsageError("give funnel NAMES or --all")
+    runtime, backend = _connect(ctx)
+    prefix = runtime.settings.key_prefix
+    if not prefix:
+        raise click.ClickException(
+            "funnel_key_prefix is empty: reset cannot tell funnels from other keys; set a"
+            " prefix (e.g. 'funnel:') and let the old keys expire"
+        )
+    try:
+        found = [find(backend.client, prefix)] if everything else [
+            _resolve(runtime, backend, n) for n in names
+        ]  # fmt: skip
+        keys = sorted({k.key: k for f in found for k in f.keys}.values(), key=lambda k: k.key)
+        if not keys:
+            ctx.obj.echo(f"no funnel keys to delete under {prefix!r}")
+            return
+        for key in keys[:SHOWN]:
+            ctx.obj.echo(f"  {key.key}")
+        if len(keys) > SHOWN:
+            ctx.obj.echo(f"  ... and {len(keys) - SHOWN} more")
+        if not yes:
+            click.confirm(f"delete these {len(keys)} funnel keys?", abort=True)
+        ctx.obj.echo(f"deleted {_delete(backend, keys)} keys")
+    except Failure as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@funnel.command(name="check", cls=CeleryCommand)
+@click.pass_context
+def check_command(ctx: click.Context) -> None:
+    """Check the funnels' Redis: credentials, ACL (each script run once on scratch keys
+    under the prefix), replica, eviction policy, persistence. Exit status 1 on errors."""
+    runtime = runtime_for(ctx.obj.app)
+    prefix = runtime.settings.key_prefix
+    ctx.obj.echo(f"funnel_redis_url: {mask_url(runtime.settings.redis_url)}")
+    try:
+        backend = runtime.funnel
+    except Exception as exc:
+        raise click.ClickException(str(exc)) from None
+    findings = check(backend, prefix) if isinstance(backend, RedisFunnel) else []
+    for finding in findings:
+        ctx.obj.echo(finding.line())
+    if any(f.topic in ("scripts", "connection") for f in findings):
+        ctx.obj.echo(f"a Redis ACL user for celery-funnel needs:\n  {acl_line(prefix)}")
+    if any(f.level == "error" for f in findings):
+        ctx.exit(1)
+    ctx.obj.echo("ok: celery-funnel can keep its funnels in this Redis")

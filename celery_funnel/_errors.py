@@ -7,6 +7,7 @@ class keeps its whole state in ``args`` and unpickles through ``__init__(*args)`
 from __future__ import annotations
 
 __all__ = [
+    "BackendConfigurationError",
     "BackendError",
     "ConfigurationError",
     "CostTooHighError",
@@ -41,3 +42,14 @@ class CostTooHighError(FunnelError):
 
 class TooManyDeferralsError(FunnelError):
     """A task was deferred more than ``funnel_max_deferrals`` times."""
+
+
+class BackendConfigurationError(FunnelError):
+    """The funnel's Redis answered, but refuses the work as it is configured: wrong
+    password or user, a missing ACL permission (NOPERM), a read-only replica, no memory
+    left (OOM), a key of the wrong type. Waiting will not fix it, so it is not a
+    ``BackendError``: the outage policy (``funnel_on_backend_error``) never backs it
+    off, and the task fails at once. The message says what to fix.
+
+    Raised ``from`` the underlying client error (``__cause__``, in the raising process).
+    """

@@ -1,5 +1,13 @@
-"""What the gates do when the funnel's Redis fails: the ``funnel_on_backend_error``
-policy, the back-off of deferred tasks, and one WARNING per outage (not one per task)."""
+"""What the gates do when the funnel's Redis fails: which failures are outages
+(``configuration_fault`` tells the others apart), the ``funnel_on_backend_error``
+policy, the back-off of deferred tasks, and one WARNING per outage (not one per task).
+
+Transient (an outage: backed off, or let through, as the policy says): connection
+refused or reset, timeouts, LOADING, TRYAGAIN, CLUSTERDOWN, MASTERDOWN, MOVED/ASK
+during a resharding, a Sentinel failover. Configuration faults (``BackendConfigurationError``,
+never backed off): wrong password or user, NOPERM, READONLY (a replica), OOM,
+WRONGTYPE, CROSSSLOT, a command renamed or disabled.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +17,9 @@ import time
 from typing import Any
 
 from . import signals
+from .backends._faults import configuration_fault
 
-__all__ = ["POLICIES", "OutageLog", "backoff"]
+__all__ = ["POLICIES", "OutageLog", "backoff", "configuration_fault"]
 
 logger = logging.getLogger("celery_funnel")
 

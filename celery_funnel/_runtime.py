@@ -3,19 +3,24 @@ the funnel backend, the countdown policy), attached to the app, built lazily."""
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections.abc import Mapping
 from functools import cached_property
 from typing import Any
 
 from ._countdown import CountdownPolicy, policy_for
+from ._errors import ConfigurationError
 from ._keys import limit_key, task_key
 from ._observe import Observer
 from ._outage import OutageLog
-from ._settings import FunnelSettings
+from ._settings import FunnelSettings, read_setting
+from .backends._check import Finding, check, report
 from .backends.base import Funnel
 from .backends.redis import RedisFunnel
 
 ATTRIBUTE = "_celery_funnel_runtime"
+logger = logging.getLogger("celery_funnel")
 
 
 class Runtime:
@@ -32,12 +37,34 @@ class Runtime:
         return FunnelSettings.from_conf(self.app.conf)
 
     @cached_property
+    def redis_options(self) -> dict[str, Any]:
+        """``funnel_redis_options``: keyword arguments for the redis-py client made from
+        ``funnel_redis_url`` (TLS files, Cluster options, timeouts...), like Celery's
+        ``redis_backend_use_ssl``; they override the socket timeouts.
+
+        Raises:
+            ConfigurationError: when it is not a dict with string keys.
+        """
+        options = read_setting(self.app.conf, "funnel_redis_options") or {}
+        if not isinstance(options, Mapping) or not all(isinstance(k, str) for k in options):
+            raise ConfigurationError(
+                f"funnel_redis_options must be a dict of redis-py client options"
+                f" (e.g. {{'ssl_ca_certs': '/path/ca.pem'}}), got {type(options).__name__}"
+            )
+        return dict(options)
+
+    @cached_property
     def funnel(self) -> Funnel:
         target = self.settings.require_redis()
+        options = self.redis_options
         if isinstance(target, str):
             timeout = self.settings.socket_timeout
-            return RedisFunnel.from_url(
-                target, socket_timeout=timeout, socket_connect_timeout=timeout
+            options = {"socket_timeout": timeout, "socket_connect_timeout": timeout, **options}
+            return RedisFunnel.from_url(target, **options)
+        if options:
+            raise ConfigurationError(
+                "funnel_redis_options apply to a funnel_redis_url given as a URL; with a"
+                " client object, configure the client itself"
             )
         return RedisFunnel(target)
 
@@ -48,6 +75,19 @@ class Runtime:
     @cached_property
     def countdowns(self) -> CountdownPolicy:
         return policy_for(self.app.conf, self.settings.max_countdown)
+
+    def check_backend(self) -> list[Finding]:
+        """Check the funnels' Redis (``backends._check.check``: credentials, ACL,
+        replica, eviction, persistence) and log one line per problem; at worker start.
+        Problems are reported, never raised: a Redis that is down now may be up later,
+        and tasks meeting a configuration fault fail with ``BackendConfigurationError``.
+        """
+        funnel = self.funnel
+        if not isinstance(funnel, RedisFunnel):
+            return []
+        findings = check(funnel, self.settings.key_prefix)
+        report(findings, logger)
+        return findings
 
     def close(self) -> None:
         """Close the funnel's Redis connections, if any were made (reopened on use)."""

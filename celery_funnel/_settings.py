@@ -21,6 +21,7 @@ __all__ = ["FunnelSettings", "read_setting"]
 
 _DEFAULTS: dict[str, Any] = {
     "funnel_redis_url": None,
+    "funnel_redis_options": None,  # read and checked by _runtime.Runtime.redis_options
     "funnel_limits": {},
     "funnel_key_prefix": "funnel:",
     "funnel_max_countdown": None,

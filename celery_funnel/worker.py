@@ -191,3 +191,5 @@ class FunnelGate(bootsteps.StartStopStep):  # type: ignore[misc]
                 "celery-funnel: worker-wide limits on %s",
                 ", ".join(f"{limit.pattern}={limit.rate}" for limit in settings.limits),
             )
+        if settings.redis_url:  # one log line per problem of the funnels' Redis
+            runtime.check_backend()

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from urllib.parse import unquote
 
@@ -19,10 +20,24 @@ from redis.sentinel import Sentinel
 
 from .._errors import ConfigurationError
 
-__all__ = ["client_from_url"]
+__all__ = ["client_from_url", "mask_url"]
 
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 SENTINEL_SCHEME = "redis+sentinel://"
+
+
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:@/]*):[^@/]*@")
+_QUERY_SECRET = re.compile(r"(?P<name>[?&](?:password|sentinel_password)=)[^&#]*", re.I)
+
+
+def mask_url(url: object) -> str:
+    """``url`` fit to print or log: the password of its user info (``:secret@``) and
+    ``password=`` query parameters become ``****``; anything not a string is shown by
+    its type only (a client object's repr may hold its connection settings)."""
+    if not isinstance(url, str):
+        return f"<{type(url).__name__}>"
+    url = _USERINFO.sub(r"\g<scheme>\g<user>:****@", url)
+    return _QUERY_SECRET.sub(r"\g<name>****", url)
 
 
 def _addresses(where: str, hosts: str) -> list[tuple[str, int]]:
@@ -30,7 +45,7 @@ def _addresses(where: str, hosts: str) -> list[tuple[str, int]]:
     for item in hosts.split(","):
         host, _, port = item.strip().rpartition(":")
         if not host or not port.isdigit():
-            raise ConfigurationError(f"{where}: expected host:port, got {item!r}")
+            raise ConfigurationError(f"{mask_url(where)}: expected host:port, got {item!r}")
         addresses.append((host.strip("[]"), int(port)))
     return addresses
 
@@ -61,7 +76,8 @@ def _sentinel(url: str, options: dict[str, Any]) -> Any:
     parts = [p for p in path.split("/") if p]
     if not parts or len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
         raise ConfigurationError(
-            f"funnel_redis_url {url!r}: expected redis+sentinel://host:port[,...]/service[/db]"
+            f"funnel_redis_url {mask_url(url)!r}: expected"
+            f" redis+sentinel://host:port[,...]/service[/db]"
         )
     service, db = parts[0], int(parts[1]) if len(parts) == 2 else 0
     timeouts = {k: v for k, v in options.items() if k.startswith("socket_")}
@@ -85,4 +101,4 @@ def client_from_url(url: str, **options: Any) -> Any:
             return _sentinel(url, options)
         return redis.Redis.from_url(url, **options)
     except (ValueError, redis.RedisError) as exc:
-        raise ConfigurationError(f"invalid funnel_redis_url {url!r}: {exc}") from exc
+        raise ConfigurationError(f"invalid funnel_redis_url {mask_url(url)!r}: {exc}") from None

@@ -18,7 +18,9 @@ class Funnel(ABC):
 
     Every method raises ``ConfigurationError`` for a zero or negative count or period,
     a negative max_burst or quantity, or an empty key, before reaching the store, and
-    ``BackendError`` when the store fails.
+    ``BackendError`` when the store fails (an outage: unreachable, timing out, loading,
+    failing over), ``BackendConfigurationError`` when it refuses the work as configured
+    (wrong password, NOPERM, read-only replica, OOM, WRONGTYPE).
     """
 
     @abstractmethod

@@ -7,14 +7,27 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, RedisError
 
-from .._errors import BackendError, ConfigurationError
+from .._errors import BackendConfigurationError, BackendError, ConfigurationError
 from .._keys import tickets_key
 from .._scripts import Arg, Reply, Script
 from ._clients import client_from_url
+from ._faults import configuration_fault
 from .base import Funnel
+
+US = 1_000_000
 
 # A dead Redis must cost a caller a short wait, never a hang.
 DEFAULT_TIMEOUT_SECONDS = 2.0
+
+
+def failure(doing: str, error: RedisError) -> BackendError | BackendConfigurationError:
+    """The package's error for a Redis ``error`` met while ``doing`` something: a
+    ``BackendConfigurationError`` saying what to fix for a configuration fault, else a
+    ``BackendError`` (an outage)."""
+    fix = configuration_fault(error)
+    if fix is not None:
+        return BackendConfigurationError(f"Redis refused {doing}: {fix} (Redis said: {error})")
+    return BackendError(f"Redis failed {doing}: {error}")
 
 
 class RedisFunnel(Funnel):
@@ -56,11 +69,28 @@ class RedisFunnel(Funnel):
                 self.client.script_load(script.source)
                 reply = self.client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
         except RedisError as exc:
-            raise BackendError(f"Redis failed running {script.name}.lua: {exc}") from exc
+            raise failure(f"running {script.name}.lua", exc) from exc
         return reply if isinstance(reply, list) else [reply]
+
+    def time(self) -> float:
+        """The Redis server's clock, float seconds since the epoch (the funnels' clock)."""
+        try:
+            seconds, micros = self.client.time()
+        except RedisError as exc:
+            raise failure("TIME", exc) from exc
+        return int(seconds) + int(micros) / US
+
+    def tickets(self, key: str, count: int = 20) -> list[tuple[str, float]]:
+        """The first ``count`` reservation tickets booked on GCRA funnel ``key``, as
+        (ticket, slot in float seconds since the epoch), earliest first."""
+        try:
+            booked = self.client.zrange(tickets_key(key), 0, count - 1, withscores=True)
+        except RedisError as exc:
+            raise failure(f"reading the tickets of {key!r}", exc) from exc
+        return [(ticket.decode(), slot / US) for ticket, slot in booked]
 
     def reset(self, key: str) -> None:
         try:
             self.client.delete(key, tickets_key(key))
         except RedisError as exc:
-            raise BackendError(f"Redis failed deleting {key!r}: {exc}") from exc
+            raise failure(f"deleting {key!r}", exc) from exc

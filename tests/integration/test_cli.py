@@ -1,4 +1,4 @@
-"""``celery -A proj funnel status|inspect|reset`` through Celery's own command line."""
+"""``celery -A proj funnel status|inspect|reset|check`` through Celery's own command line."""
 
 from __future__ import annotations
 
@@ -11,14 +11,15 @@ import pytest
 import redis
 
 from celery_funnel import RedisFunnel
+from celery_funnel._keys import limit_key, task_key
 from celery_funnel.testing import free_port
 
 pytestmark = pytest.mark.redis
 ROOT = str(Path(__file__).resolve().parents[2])
 
 
-def celery_funnel(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {"FUNNEL_TEST_BROKER": url, "FUNNEL_TEST_REDIS": url, "PATH": "/usr/bin:/bin"}
+def celery_funnel(url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    env = {"FUNNEL_TEST_BROKER": url, "FUNNEL_TEST_REDIS": url, "PATH": "/usr/bin:/bin", **env}
     return subprocess.run(
         [sys.executable, "-m", "celery", "-A", "tests.integration.proj", "funnel", *args],
         capture_output=True, text=True, timeout=60, cwd=ROOT, env=env, check=False,
@@ -28,36 +29,63 @@ def celery_funnel(url: str, *args: str) -> subprocess.CompletedProcess[str]:
 def test_status_inspect_and_reset(redis_url: str, redis_client: redis.Redis) -> None:
     redis_client.flushall()
     funnel = RedisFunnel(redis_client)
+    key = task_key("funnel:", "proj.hourly")
+    assert key == "funnel:{proj.hourly}"
     # proj.hourly: 1/h, so the funnel outlives the command's start-up
-    funnel.reserve("funnel:{proj.hourly}", 0, 1, 3600, ticket="first")  # admitted
-    funnel.reserve("funnel:{proj.hourly}", 0, 1, 3600, ticket="second")  # booked
+    funnel.reserve(key, 0, 1, 3600, ticket="first")  # admitted
+    funnel.reserve(key, 0, 1, 3600, ticket="second")  # booked
 
     done = celery_funnel(redis_url, "status", "--json")
     assert done.returncode == 0, done.stderr
-    (row,) = [r for r in json.loads(done.stdout) if r["key"] == "funnel:{proj.hourly}"]
-    assert (row["kind"], row["rate"], row["capacity"], row["reservations"]) == (
-        "gcra",
-        "1/h",
-        1,
-        1,
-    )
+    (row,) = [r for r in json.loads(done.stdout) if r["key"] == key]
+    assert (row["kind"], row["rate"], row["capacity"], row["reservations"]) == ("gcra", "1/h", 1, 1)
     assert row["remaining"] == 0
     assert 7000 < row["reset_after"] <= 7200  # two hours booked
 
-    done = celery_funnel(redis_url, "inspect", "funnel:{proj.hourly}", "--json")
+    done = celery_funnel(redis_url, "inspect", "proj.hourly", "--json")
     assert done.returncode == 0, done.stderr
-    assert [t["ticket"] for t in json.loads(done.stdout)["tickets"]] == ["second"]
+    (ticket,) = json.loads(done.stdout)["tickets"]
+    assert ticket["ticket"] == "second"
+    assert 3500 < ticket["in_seconds"] <= 3600
+    assert "(in 3" in ticket["slot"]  # local time, then how far from now
 
     table = celery_funnel(redis_url, "status")
-    assert "funnel:{proj.hourly}" in table.stdout
+    assert key in table.stdout
     assert "1/h" in table.stdout
 
-    done = celery_funnel(redis_url, "reset", "funnel:{proj.hourly}")
+    done = celery_funnel(redis_url, "reset", "proj.hourly")  # no --yes, no terminal: no
+    assert done.returncode != 0
+    assert redis_client.exists(key)
+    done = celery_funnel(redis_url, "reset", "proj.hourly", "--yes")
     assert done.returncode == 0, done.stderr
-    assert redis_client.keys("*funnel:{proj.hourly}*") == []
+    assert "funnel:{proj.hourly}#tickets" in done.stdout  # shown before deleting
+    assert redis_client.keys("*") == []
 
 
-def test_unreachable_redis_is_a_clear_error() -> None:
-    done = celery_funnel(f"redis://127.0.0.1:{free_port()}/0", "status")
+def test_status_sees_every_strategy_and_survives_foreign_keys(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    redis_client.flushall()
+    funnel = RedisFunnel(redis_client)
+    window = limit_key("funnel:", "proj.*")
+    funnel.sliding_window(window, 5, 3600, windows=10)
+    funnel.sliding_log(task_key("funnel:", "proj.gone"), 1, 3600)  # a task gone: no limit
+    redis_client.set("funnel:junk", "not a funnel")  # foreign keys under the prefix
+    redis_client.rpush("funnel:{proj.limited}", "wrong type")
+    redis_client.hset("funnel:{a b}", "x", "y")
+    limits = json.dumps({"proj.*": {"rate": "5/h", "strategy": "sliding_window"}})
+    done = celery_funnel(redis_url, "status", "--json", FUNNEL_TEST_LIMITS=limits)
+    assert done.returncode == 0, done.stderr
+    rows = {r["key"]: r for r in json.loads(done.stdout)}
+    assert set(rows) == {window, "funnel:{proj.gone}", "funnel:{proj.limited}"}
+    assert (rows[window]["kind"], rows[window]["remaining"]) == ("sliding_window", 4)
+    assert rows["funnel:{proj.gone}"]["kind"] == "zset (no limit of this app)"
+    assert "WRONGTYPE" in rows["funnel:{proj.limited}"]["error"]
+
+
+def test_unreachable_redis_is_a_clear_error_without_the_password() -> None:
+    done = celery_funnel(f"redis://user:s3cret@127.0.0.1:{free_port()}/0", "status")
     assert done.returncode != 0
     assert "cannot reach the funnels' Redis" in done.stderr
+    assert "user:****@127.0.0.1" in done.stderr
+    assert "s3cret" not in done.stderr + done.stdout

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import redis
+from celery import Celery
+from redis import exceptions as rx
 from redis.sentinel import SentinelConnectionPool
 
-from celery_funnel import ConfigurationError, RedisFunnel
-from celery_funnel.backends._clients import client_from_url
+from celery_funnel import BackendError, ConfigurationError, RedisFunnel
+from celery_funnel._errors import BackendConfigurationError
+from celery_funnel._outage import configuration_fault
+from celery_funnel._runtime import Runtime
+from celery_funnel.backends._clients import client_from_url, mask_url
+from celery_funnel.backends.redis import failure
 
 
 def test_plain_urls_give_a_redis_client_with_the_timeouts() -> None:
@@ -48,3 +56,80 @@ def test_malformed_urls_are_configuration_errors_naming_the_url(url: str, messag
     with pytest.raises(ConfigurationError, match=message) as raised:
         RedisFunnel.from_url(url)
     assert url in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:s3cret@h:1/0", "redis://:****@h:1/0"),
+        ("rediss://user:p%40ss@h/0", "rediss://user:****@h/0"),
+        ("redis+sentinel://:s3cret@a:1,b:2/svc", "redis+sentinel://:****@a:1,b:2/svc"),
+        ("redis+cluster://u:s3cret@a:1,b:2", "redis+cluster://u:****@a:1,b:2"),
+        ("unix:///tmp/r.sock?db=1&password=s3cret", "unix:///tmp/r.sock?db=1&password=****"),
+        ("redis://h:1/0", "redis://h:1/0"),
+    ],
+)
+def test_passwords_are_masked(url: str, shown: str) -> None:
+    assert mask_url(url) == shown
+
+
+def test_a_bad_url_error_does_not_show_the_password() -> None:
+    with pytest.raises(ConfigurationError) as err:
+        client_from_url("redis+sentinel://:s3cret@h:1/")
+    assert "s3cret" not in str(err.value)
+    assert ":****@" in str(err.value)
+
+
+def test_funnel_redis_options_reach_the_client() -> None:
+    app = Celery("options", set_as_current=False)
+    app.conf.funnel_redis_url = "rediss://127.0.0.1:1/0"
+    app.conf.funnel_redis_options = {"ssl_ca_certs": "/ca.pem", "socket_timeout": 7.0}
+    funnel = Runtime(app).funnel
+    kwargs = funnel.client.connection_pool.connection_kwargs  # type: ignore[attr-defined]
+    assert (kwargs["ssl_ca_certs"], kwargs["socket_timeout"]) == ("/ca.pem", 7.0)
+    assert kwargs["socket_connect_timeout"] == 1.0  # funnel_socket_timeout, not overridden
+    funnel.client.close()  # type: ignore[attr-defined]
+
+
+def test_funnel_redis_options_must_be_a_dict() -> None:
+    app = Celery("options", set_as_current=False)
+    app.conf.funnel_redis_url = "redis://127.0.0.1:1/0"
+    app.conf.funnel_redis_options = [("ssl", True)]
+    with pytest.raises(ConfigurationError, match="funnel_redis_options must be a dict"):
+        _ = Runtime(app).funnel
+
+
+@pytest.mark.parametrize(
+    ("error", "fault"),
+    [
+        (rx.AuthenticationError("invalid username-password pair"), "credentials"),
+        (rx.NoPermissionError("this user has no permissions to access one of the keys"), "ACL"),
+        (rx.ResponseError("Error running script: @user_script:1: NOPERM no"), "ACL"),
+        (rx.ResponseError("The user executing the script can't run this command"), "ACL"),
+        (rx.ReadOnlyError("You can't write against a read only replica."), "replica"),
+        (rx.ResponseError("Error running script: -READONLY You can't write"), "replica"),
+        (rx.OutOfMemoryError("command not allowed when used memory > 'maxmemory'"), "memory"),
+        (rx.ResponseError("WRONGTYPE Operation against a key holding the wrong kind"), "type"),
+        (rx.ConnectionError("Connection refused"), None),
+        (rx.TimeoutError("Timeout reading from socket"), None),
+        (rx.BusyLoadingError("Redis is loading the dataset in memory"), None),
+        (rx.TryAgainError("TRYAGAIN"), None),
+        (rx.ClusterDownError("CLUSTERDOWN The cluster is down"), None),
+        (rx.MasterDownError("MASTERDOWN Link with MASTER is down"), None),
+    ],
+)
+def test_configuration_faults_are_told_from_outages(error: Exception, fault: str | None) -> None:
+    fix = configuration_fault(error)
+    assert (fix is None) == (fault is None)
+    if fault is not None:
+        assert fix is not None
+        assert fault in fix
+
+
+def test_the_backend_raises_a_configuration_error_that_pickles() -> None:
+    error = failure("running gcra.lua", rx.ReadOnlyError("You can't write"))
+    assert isinstance(error, BackendConfigurationError)
+    assert not isinstance(error, BackendError)  # never backed off as an outage
+    assert "point it at the master" in str(error)
+    assert str(pickle.loads(pickle.dumps(error))) == str(error)
+    assert isinstance(failure("x", rx.ConnectionError("refused")), BackendError)
