@@ -6,6 +6,7 @@ from typing import Any
 
 from celery import signals
 
+from ._checks import NotInstalled, check_definitions, uses_funnel
 from ._runtime import runtime_for
 
 __all__ = ["install"]
@@ -16,8 +17,10 @@ def install(app: Any) -> Any:
 
     Adds the consumer bootstep that checks the ``funnel_*`` settings and task options
     at worker start (failing it with the setting's name and value) and enforces
-    ``funnel_limits`` for every matching task. Settings are read when first needed,
-    so ``app.conf`` may be filled in after this call.
+    ``funnel_limits`` for every matching task, and checks the ``funnel_*`` options of
+    each later ``@app.task(...)`` call as it is made (``ConfigurationError`` raised
+    from the decorator line). Settings are read when first needed, so ``app.conf``
+    may be filled in after this call.
     """
     from .worker import FunnelGate  # noqa: PLC0415 - celery.bootsteps only when installing
 
@@ -25,8 +28,23 @@ def install(app: Any) -> Any:
     if not runtime.installed:
         app.steps["consumer"].add(FunnelGate)
         signals.celeryd_init.connect(_on_worker_init, weak=False)
+        check_definitions(app)
         runtime.installed = True
     return app
+
+
+def _check_installed(instance: Any = None, **_: Any) -> None:
+    # Sent by every `celery worker` before its blueprint is built; this module is
+    # imported by every `celery` command (the `celery funnel` entry point imports the
+    # package), so an app that uses celery-funnel without install(app) is caught even
+    # when nothing imports celery_funnel. Celery only logs what a receiver raises: a
+    # consumer bootstep that raises stops the worker instead.
+    app = getattr(instance, "app", None)
+    if app is not None and uses_funnel(app) and not runtime_for(app).installed:
+        app.steps["consumer"].add(NotInstalled)
+
+
+signals.celeryd_init.connect(_check_installed, dispatch_uid="celery_funnel.installed", weak=False)
 
 
 def _on_worker_init(instance: Any = None, options: Any = None, **_: Any) -> None:

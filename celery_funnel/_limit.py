@@ -16,6 +16,7 @@ from . import strategies
 from ._errors import ConfigurationError
 from ._keys import safe_part
 from ._rate import Rate
+from ._values import MAX_CAPACITY, check_plain, did_you_mean, format_fields
 from .backends.base import Funnel
 from .strategies.reservation import Shape
 
@@ -23,12 +24,18 @@ __all__ = ["STRATEGIES", "Limit", "Verdict", "check_all", "parse_limit", "safe_p
 
 STRATEGIES = strategies.names()  # every registered strategy
 SCOPES = strategies.SCOPES
+OPTIONS = ("rate", "capacity", "strategy", "key", "cost", "scope", "windows")
 
 KeyFunc = Callable[..., object]
 CostFunc = Callable[..., int]
+Label = Callable[[str], str]  # an option's name as messages show it
 
 
 class _SafeFormatter(string.Formatter):
+    def get_field(self, field_name: str, args: Any, kwargs: Any) -> Any:
+        value, used = super().get_field(field_name, args, kwargs)
+        return check_plain("funnel_key", field_name, value), used
+
     def format_field(self, value: Any, format_spec: str) -> str:
         return safe_part(super().format_field(value, format_spec))
 
@@ -73,7 +80,7 @@ class Limit:
         if self.key is None:
             return ""
         if callable(self.key):
-            return safe_part(self.key(*args, **kwargs))
+            return safe_part(check_plain("funnel_key", "key()", self.key(*args, **kwargs)))
         bound = inspect.signature(run).bind(*args, **kwargs)
         bound.apply_defaults()
         return _SafeFormatter().vformat(self.key, (), bound.arguments)
@@ -139,29 +146,76 @@ def check_all(
 
 def _choice(where: str, option: str, value: Any, choices: Sequence[str]) -> str:
     if value not in choices:
-        raise ConfigurationError(f"{where}: {option} must be one of {list(choices)}, got {value!r}")
+        hint = did_you_mean(value, choices) if isinstance(value, str) else ""
+        raise ConfigurationError(
+            f"{where}: {option} must be one of {list(choices)}, got {value!r}{hint}"
+        )
     return str(value)
 
 
-def _capacity_and_cost(spec: Mapping[str, Any], where: str) -> tuple[int, Any]:
+def _capacity_and_cost(spec: Mapping[str, Any], where: str, label: Label) -> tuple[int, Any]:
     capacity = spec.get("capacity", 1)
-    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-        raise ConfigurationError(f"{where}: capacity must be an integer >= 1, got {capacity!r}")
+    if capacity is None:
+        capacity = 1
+    if (
+        isinstance(capacity, bool)
+        or not isinstance(capacity, int)
+        or not 1 <= capacity <= MAX_CAPACITY
+    ):
+        raise ConfigurationError(
+            f"{where}: {label('capacity')} must be an integer from 1 to {MAX_CAPACITY:_},"
+            f" got {capacity!r}"
+        )
     cost = spec.get("cost", 1)
+    if cost is None:
+        cost = 1
     if not callable(cost) and (isinstance(cost, bool) or not isinstance(cost, int) or cost < 0):
         raise ConfigurationError(
-            f"{where}: cost must be an integer >= 0 or a callable, got {cost!r}"
+            f"{where}: {label('cost')} must be an integer >= 0 or a callable, got {cost!r}"
         )
-    if isinstance(cost, int) and cost > capacity and spec.get("strategy", "gcra") == "gcra":
+    if isinstance(cost, int) and cost > capacity and (spec.get("strategy") or "gcra") == "gcra":
         raise ConfigurationError(
-            f"{where}: cost {cost} is above capacity {capacity}: it could never run"
+            f"{where}: {label('cost')}={cost} is above {label('capacity')}={capacity}:"
+            f" it could never run"
         )
     return capacity, cost
 
 
-def parse_limit(spec: Any, *, pattern: str | None = None, where: str = "limit") -> Limit:
+def _worker_wide(spec: Mapping[str, Any], where: str) -> None:
+    """Worker-wide limits apply to tasks of any signature, one funnel per pattern (and
+    per worker with scope "worker"): a key or a cost would be ignored, so refuse them."""
+    if spec.get("key") is not None:
+        raise ConfigurationError(
+            f"{where}: 'key'={spec['key']!r} is not supported in worker-wide limits (one"
+            f" funnel per pattern, or per worker with 'scope': 'worker'); to split a funnel"
+            f" by arguments, use a FunnelTask with funnel_key=... (or 'key' in its"
+            f" funnel_limits)"
+        )
+    if spec.get("cost", 1) != 1:
+        raise ConfigurationError(
+            f"{where}: 'cost'={spec['cost']!r} is not supported in worker-wide limits (each"
+            f" task costs 1); to charge more per task, use a FunnelTask with funnel_cost=..."
+        )
+
+
+def _key(spec: Mapping[str, Any], where: str, label: Label) -> str | KeyFunc | None:
+    key = spec.get("key")
+    if key is not None and not (isinstance(key, str) or callable(key)):
+        raise ConfigurationError(
+            f"{where}: {label('key')} must be a format string or a callable, got {key!r}"
+        )
+    if isinstance(key, str):
+        format_fields(f"{where}: {label('key')}", key)
+    return key
+
+
+def parse_limit(
+    spec: Any, *, pattern: str | None = None, where: str = "limit", label: Label = str
+) -> Limit:
     """A ``Limit`` from ``"30/m"`` or ``{"rate": ..., "capacity": ..., "strategy": ...,
-    "key": ..., "cost": ..., "scope": ..., "windows": ...}``.
+    "key": ..., "cost": ..., "scope": ..., "windows": ...}``; with a ``pattern`` (a
+    worker-wide limit), ``key`` and ``cost`` are refused. ``label`` names each option in
+    messages (``"capacity"`` -> ``"funnel_capacity"``, say).
 
     Raises:
         ConfigurationError: naming ``where``, the option and its value.
@@ -174,29 +228,28 @@ def parse_limit(spec: Any, *, pattern: str | None = None, where: str = "limit") 
         raise ConfigurationError(
             f"{where}: expected a rate like '30/m' or a dict with 'rate', got {spec!r}"
         )
-    unknown = set(spec) - {"rate", "capacity", "strategy", "key", "cost", "scope", "windows"}
-    if unknown:
-        raise ConfigurationError(f"{where}: unknown option(s) {sorted(unknown)}")
+    for name in spec:
+        if name not in OPTIONS:
+            raise ConfigurationError(
+                f"{where}: unknown option {name!r}{did_you_mean(str(name), OPTIONS)};"
+                f" a limit takes {list(OPTIONS)}"
+            )
+    if pattern is not None:
+        _worker_wide(spec, where)
     try:
         rate = Rate.parse(spec["rate"])
     except ConfigurationError as exc:
-        raise ConfigurationError(f"{where}: {exc}") from None
-    capacity, cost = _capacity_and_cost(spec, where)
-    key = spec.get("key")
-    if key is not None and not (isinstance(key, str) or callable(key)):
-        raise ConfigurationError(f"{where}: key must be a format string or a callable, got {key!r}")
+        raise ConfigurationError(f"{where}: {label('rate')}: {exc}") from None
+    capacity, cost = _capacity_and_cost(spec, where, label)
     windows = spec.get("windows", 10)
     if isinstance(windows, bool) or not isinstance(windows, int) or not 1 <= windows <= 100:
         raise ConfigurationError(
-            f"{where}: windows must be an integer from 1 to 100, got {windows!r}"
+            f"{where}: {label('windows')} must be an integer from 1 to 100, got {windows!r}"
         )
-    return Limit(
-        rate=rate,
-        capacity=capacity,
-        strategy=_choice(where, "strategy", spec.get("strategy", "gcra"), STRATEGIES),
-        key=key,
-        cost=cost,
-        pattern=pattern,
-        scope=_choice(where, "scope", spec.get("scope", "global"), SCOPES),
-        windows=windows,
-    )
+    strategy = _choice(where, label("strategy"), spec.get("strategy") or "gcra", STRATEGIES)
+    scope = _choice(where, label("scope"), spec.get("scope", "global"), SCOPES)
+    key = _key(spec, where, label)
+    try:  # the strategy's own checks, named as the others are
+        return Limit(rate, capacity, strategy, key, cost, pattern, scope, windows)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{where}: {exc}") from None

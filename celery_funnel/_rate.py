@@ -24,8 +24,9 @@ class Rate:
     """``count`` units per ``period`` seconds.
 
     Raises:
-        ConfigurationError: when ``count`` is not a positive integer or ``period``
-            is not a positive, finite number of seconds (at most ten years).
+        ConfigurationError: when ``count`` is not a positive integer, ``period`` is
+            not a positive, finite number of seconds (at most ten years), or the rate
+            is faster than one unit per microsecond.
     """
 
     count: int
@@ -47,6 +48,13 @@ class Rate:
         if round(self.period * 1_000_000) < 1:
             raise ConfigurationError(
                 f"rate period must be at least 1 microsecond, got {self.period!r}"
+            )
+        if self.count > round(self.period * 1_000_000):
+            # one unit per microsecond is the maths' resolution: a faster rate would
+            # silently run at that one instead
+            raise ConfigurationError(
+                f"rate {self.count} per {self.period:g} s is faster than one unit per"
+                f" microsecond, the funnel's resolution"
             )
         object.__setattr__(self, "period", float(self.period))
 

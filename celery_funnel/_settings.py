@@ -7,17 +7,24 @@ keys for them).
 
 from __future__ import annotations
 
-import math
-import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ._errors import ConfigurationError
 from ._limit import Limit, parse_limit
 from ._outage import POLICIES
+from ._values import (
+    MAX_COUNTDOWN,
+    MAX_TIMEOUT,
+    MIN_COUNTDOWN,
+    MIN_TIMEOUT,
+    did_you_mean,
+    number,
+    to_bool,
+)
 
-__all__ = ["FunnelSettings", "read_setting"]
+__all__ = ["FunnelSettings", "check_names", "check_policy", "read_setting"]
 
 _DEFAULTS: dict[str, Any] = {
     "funnel_redis_url": None,
@@ -42,31 +49,37 @@ def read_setting(conf: Mapping[str, Any], name: str) -> Any:
     return _DEFAULTS[name]
 
 
-def _unknown(conf: Mapping[str, Any]) -> list[str]:
-    known = set(_DEFAULTS)
-    found = []
-    for key in conf:
-        name = key.lower().removeprefix("celery_")
-        if name.startswith("funnel_") and name not in known:
-            found.append(key)
-    return found
+def check_names(conf: Mapping[str, Any]) -> None:
+    """Refuse a ``funnel_*`` key of ``conf`` that is no setting (a misspelling would
+    otherwise be ignored), suggesting the setting meant.
+
+    Raises:
+        ConfigurationError: naming the key and its value.
+    """
+    from ._task_options import OPTIONS  # noqa: PLC0415 - it imports this module
+
+    for key in list(conf):
+        name = str(key).lower().removeprefix("celery_")
+        if name.startswith("funnel_") and name not in _DEFAULTS:
+            hint = did_you_mean(name, [*_DEFAULTS, *OPTIONS])
+            if any(f"'{option}'" in hint for option in OPTIONS) or name in OPTIONS:
+                hint += (
+                    " - funnel_rate and the other task options go on a FunnelTask"
+                    " (@app.task(base=FunnelTask, funnel_rate=...)) or in task_annotations;"
+                    " worker-wide limits go in funnel_limits"
+                )
+            raise ConfigurationError(
+                f"app.conf.{key}={conf[key]!r} is not a celery-funnel setting{hint};"
+                f" the settings are {sorted(_DEFAULTS)}"
+            )
 
 
 def check_policy(name: str, value: Any) -> str:
     """A ``funnel_on_backend_error`` value, checked."""
     if value not in POLICIES:
-        raise ConfigurationError(f"{name} must be one of {list(POLICIES)}, got {value!r}")
+        hint = did_you_mean(value, POLICIES) if isinstance(value, str) else ""
+        raise ConfigurationError(f"{name} must be one of {list(POLICIES)}, got {value!r}{hint}")
     return str(value)
-
-
-def _positive(name: str, value: Any, *, allow_none: bool = False) -> float | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigurationError(f"{name} must be a positive number of seconds, got {value!r}")
-    if value <= 0:
-        raise ConfigurationError(f"{name} must be a positive number of seconds, got {value!r}")
-    return float(value)
 
 
 def _limits(value: Any) -> tuple[Limit, ...]:
@@ -106,42 +119,44 @@ class FunnelSettings:
     socket_timeout: float = 1.0
     on_backend_error: str = "defer"
     dry_run: bool = False
-    unknown: tuple[str, ...] = field(default=(), compare=False)
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> FunnelSettings:
-        """Read and check every ``funnel_*`` setting of ``conf``; warn about unknown ones."""
+        """Read and check every ``funnel_*`` setting of ``conf``.
+
+        Raises:
+            ConfigurationError: for an unknown ``funnel_*`` key (with the setting it
+                resembles) or a value out of its bounds, naming the setting and value.
+        """
+        check_names(conf)
 
         def get(name: str) -> Any:
             return read_setting(conf, name)
 
-        limits = _limits(get("funnel_limits"))
         prefix = get("funnel_key_prefix")
         if not isinstance(prefix, str) or "{" in prefix or "}" in prefix:
             raise ConfigurationError(
                 f"funnel_key_prefix must be a string without braces, got {prefix!r}"
             )
-        deferrals = _max_deferrals(get("funnel_max_deferrals"))
-        settings = cls(
+        countdown = get("funnel_max_countdown")
+        if countdown is not None:
+            countdown = number("funnel_max_countdown", countdown, MIN_COUNTDOWN, MAX_COUNTDOWN)
+        return cls(
             redis_url=get("funnel_redis_url"),
-            limits=limits,
+            limits=_limits(get("funnel_limits")),
             key_prefix=prefix,
-            max_countdown=_positive(
-                "funnel_max_countdown", get("funnel_max_countdown"), allow_none=True
+            max_countdown=countdown,
+            reservation=to_bool("funnel_reservation", get("funnel_reservation")),
+            max_deferrals=_max_deferrals(get("funnel_max_deferrals")),
+            throttle_eager=to_bool("funnel_throttle_eager", get("funnel_throttle_eager")),
+            socket_timeout=number(
+                "funnel_socket_timeout", get("funnel_socket_timeout"), MIN_TIMEOUT, MAX_TIMEOUT
             ),
-            reservation=bool(get("funnel_reservation")),
-            max_deferrals=deferrals,
-            throttle_eager=bool(get("funnel_throttle_eager")),
-            socket_timeout=_positive("funnel_socket_timeout", get("funnel_socket_timeout")) or 1.0,
             on_backend_error=check_policy(
                 "funnel_on_backend_error", get("funnel_on_backend_error")
             ),
-            dry_run=bool(get("funnel_dry_run")),
-            unknown=tuple(_unknown(conf)),
+            dry_run=to_bool("funnel_dry_run", get("funnel_dry_run")),
         )
-        for name in settings.unknown:
-            warnings.warn(f"unknown celery-funnel setting {name!r} ignored", stacklevel=2)
-        return settings
 
     def require_redis(self) -> Any:
         """``funnel_redis_url``, which throttling needs (never the broker's, silently)."""

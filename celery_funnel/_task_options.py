@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 from typing import Any, NamedTuple
+
+from celery import Task
 
 from ._errors import ConfigurationError
 from ._limit import Limit, parse_limit
 from ._settings import check_policy
+from ._values import did_you_mean, format_fields, to_bool
 
 HEADER = "celery_funnel"
 OPTIONS = (
@@ -21,6 +25,8 @@ OPTIONS = (
     "funnel_on_backend_error",
     "funnel_dry_run",
 )
+_FIELDS = ("rate", "capacity", "strategy", "key", "cost")  # funnel_<field> options
+_ABSTRACT_RUN = Task.__dict__["run"]
 
 
 class Deferral(NamedTuple):
@@ -45,55 +51,182 @@ class Deferral(NamedTuple):
         return self._asdict()
 
 
-def _option(task: Any, name: str) -> Any:
+Getter = Callable[[str], Any]  # an option's value by name (None when unset)
+
+
+def option_of(task: Any, name: str) -> Any:
+    """The task's (or task class's) option ``name``, None when unset."""
     # Read without binding: a function stored as a class attribute (funnel_key=lambda
     # ...) would otherwise come back as a method of the task.
     value = inspect.getattr_static(task, name, None)
     return value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
 
 
+def task_name(task: Any) -> str:
+    """The task's name, as messages show it."""
+    return str(getattr(task, "name", None) or getattr(task, "__name__", task))
+
+
 def policy_of(task: Any, default: str) -> str:
     """The task's ``funnel_on_backend_error``, else the setting's ``default``."""
-    value = _option(task, "funnel_on_backend_error")
+    value = option_of(task, "funnel_on_backend_error")
     if value is None:
         return default
-    name = getattr(task, "name", None) or getattr(task, "__name__", task)
-    return check_policy(f"task {name!r}: funnel_on_backend_error", value)
+    return check_policy(f"task {task_name(task)!r}: funnel_on_backend_error", value)
 
 
 def dry_run_of(task: Any, default: bool) -> bool:
-    """The task's ``funnel_dry_run``, else the setting's ``default``."""
-    value = _option(task, "funnel_dry_run")
-    return default if value is None else bool(value)
+    """The task's ``funnel_dry_run``, else the setting's ``default``.
+
+    Raises:
+        ConfigurationError: when it is not a boolean (``"false"`` is False, not True).
+    """
+    value = option_of(task, "funnel_dry_run")
+    if value is None:
+        return default
+    return to_bool(f"task {task_name(task)!r}: funnel_dry_run", value)
+
+
+def limits_from(where: str, get: Getter) -> tuple[Limit, ...]:
+    """The limits that options read by ``get`` describe: the one ``funnel_rate`` and
+    friends describe, then each of ``funnel_limits``.
+
+    Raises:
+        ConfigurationError: naming ``where``, the option and the value.
+    """
+    limits: list[Limit] = []
+    if get("funnel_rate") is not None:
+        spec = {field: get(f"funnel_{field}") for field in _FIELDS}
+        limits.append(parse_limit(spec, where=where, label="funnel_{}".format))
+    more = get("funnel_limits") or ()
+    if not isinstance(more, (list, tuple)):
+        raise ConfigurationError(f"{where}: funnel_limits must be a list of limits, got {more!r}")
+    for i, spec in enumerate(more):
+        limits.append(parse_limit(spec, where=where, label=f"funnel_limits[{i}]['{{}}']".format))
+    if len(limits) > 1 and any(limit.strategy != "gcra" for limit in limits):
+        raise ConfigurationError(f"{where}: several limits on one task need the 'gcra' strategy")
+    return tuple(limits)
 
 
 def limits_of(task: Any) -> tuple[Limit, ...]:
-    """The task's limits from its ``funnel_*`` options (``task_annotations`` included):
-    the one ``funnel_rate`` and friends describe, then each of ``funnel_limits``.
+    """The task's limits from its ``funnel_*`` options (``task_annotations`` included).
 
     Raises:
         ConfigurationError: naming the task, the option and the value.
     """
-    name = getattr(task, "name", None) or getattr(task, "__name__", task)
-    where = f"task {name!r}"
-    specs: list[Any] = []
-    if _option(task, "funnel_rate") is not None:
-        specs.append({
-            "rate": _option(task, "funnel_rate"),
-            "capacity": _option(task, "funnel_capacity"),
-            "strategy": _option(task, "funnel_strategy"),
-            "key": _option(task, "funnel_key"),
-            "cost": _option(task, "funnel_cost"),
-        })  # fmt: skip
-    more = _option(task, "funnel_limits") or ()
-    if not isinstance(more, (list, tuple)):
-        raise ConfigurationError(f"{where}: funnel_limits must be a list of limits, got {more!r}")
-    specs.extend(more)
-    try:
-        limits = tuple(parse_limit(spec, where=where) for spec in specs)
-    except ConfigurationError as exc:
-        raise ConfigurationError(f"{exc} (funnel_* options of the task)") from None
-    if len(limits) > 1 and any(limit.strategy != "gcra" for limit in limits):
-        raise ConfigurationError(f"{where}: several limits on one task need the 'gcra' strategy")
+    limits = limits_from(f"task {task_name(task)!r}", partial(option_of, task))
     policy_of(task, "defer")
     return limits
+
+
+def check_names(where: str, given: Mapping[str, Any], allowed: Iterable[str] = ()) -> None:
+    """Refuse ``funnel_*`` names of ``given`` (name -> value) that are no FunnelTask
+    option (misspellings would be ignored), suggesting the option meant.
+
+    Raises:
+        ConfigurationError: naming ``where``, the name and its value.
+    """
+    known = {*OPTIONS, *allowed}
+    for name, value in given.items():
+        if name.startswith("funnel_") and name not in known:
+            raise ConfigurationError(
+                f"{where}: {name}={value!r} is not a FunnelTask option"
+                f"{did_you_mean(name, OPTIONS)}; the options are {list(OPTIONS)}"
+            )
+
+
+def parameters(run: Any, *, bound: bool) -> list[str] | None:
+    """The names of ``run``'s parameters (without ``self`` when ``bound``), or None
+    when they cannot be known (no signature, or Celery's abstract ``Task.run``)."""
+    if isinstance(run, staticmethod):
+        run, bound = run.__func__, False
+    if run is None or getattr(run, "__func__", run) is _ABSTRACT_RUN:
+        return None
+    try:
+        names = list(inspect.signature(run).parameters)
+    except (TypeError, ValueError):
+        return None
+    return names[1:] if bound else names
+
+
+def check_keys(where: str, get: Getter, params: list[str] | None) -> None:
+    """Refuse a format-string key (``funnel_key``, or ``key`` in ``funnel_limits``)
+    whose fields are not parameters of the task: every run would fail with a bare
+    ``KeyError``.
+
+    Raises:
+        ConfigurationError: naming the option, the key, the field and the parameters.
+    """
+    if params is None:
+        return
+    keys = [("funnel_key", get("funnel_key"))] if get("funnel_rate") is not None else []
+    for i, spec in enumerate(get("funnel_limits") or ()):
+        if isinstance(spec, Mapping):
+            keys.append((f"funnel_limits[{i}]['key']", spec.get("key")))
+    for option, key in keys:
+        if not isinstance(key, str):
+            continue
+        for field in format_fields(f"{where}: {option}", key):
+            if field not in params:
+                raise ConfigurationError(
+                    f"{where}: {option}={key!r} names {field!r}, which is not a parameter"
+                    f" of the task{did_you_mean(field, params)}; its parameters are {params}"
+                )
+
+
+def check_options(where: str, get: Getter, params: list[str] | None) -> None:
+    """The checks of a task's options that need no app: limits, keys against
+    ``params`` (its parameters), booleans and choices.
+
+    Raises:
+        ConfigurationError: naming ``where``, the option and the value.
+    """
+    limits_from(where, get)
+    check_keys(where, get, params)
+    if get("funnel_dry_run") is not None:
+        to_bool(f"{where}: funnel_dry_run", get("funnel_dry_run"))
+    if get("funnel_on_backend_error") is not None:
+        check_policy(f"{where}: funnel_on_backend_error", get("funnel_on_backend_error"))
+
+
+def check_call(task: Any, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None) -> None:
+    """At the call (``apply_async``/``delay``): refuse argument values that would make
+    an unstable funnel key (see ``check_plain``). Callable keys are checked when the
+    task runs, as calling them here could have effects.
+
+    Raises:
+        ConfigurationError: naming the task, the key field and the value.
+    """
+    keyed = task.__dict__.get("_funnel_call_keys")
+    if keyed is None:
+        keyed = task.__dict__["_funnel_call_keys"] = tuple(
+            limit for limit in limits_of(task) if isinstance(limit.key, str)
+        )
+    if not keyed:
+        return
+    args, kwargs = args or (), kwargs or {}
+    for limit in keyed:
+        try:
+            limit.key_part(task.run, args, kwargs)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"task {task_name(task)!r}: {exc}") from None
+        except (TypeError, LookupError, AttributeError):
+            return  # arguments that do not fit: Celery's own check, or the run, says so
+
+
+def check_class(cls: type, base: type) -> None:
+    """The definition-time check of a FunnelTask class (``base`` is FunnelTask): its own
+    ``funnel_*`` names (methods of ``base`` aside), limits, and keys against its
+    ``run``'s parameters.
+
+    Raises:
+        ConfigurationError: naming the task, the option and the value.
+    """
+    own = {name: value for name, value in vars(cls).items() if name.startswith("funnel_")}
+    if not own and "run" not in vars(cls):
+        return
+    methods = [name for name, value in vars(base).items() if callable(value)]
+    where = f"task {task_name(cls)!r}"
+    check_names(where, own, methods)
+    run = inspect.getattr_static(cls, "run", None)  # a staticmethod unless bind=True
+    check_options(where, partial(option_of, cls), parameters(run, bound=True))

@@ -21,7 +21,15 @@ from ._errors import BackendError, ConfigurationError, CostTooHighError, TooMany
 from ._limit import Limit, Verdict, check_all
 from ._outage import backoff
 from ._runtime import Runtime, runtime_for
-from ._task_options import HEADER, OPTIONS, Deferral, dry_run_of, limits_of, policy_of
+from ._task_options import (
+    HEADER,
+    Deferral,
+    check_call,
+    check_class,
+    dry_run_of,
+    limits_of,
+    policy_of,
+)
 
 __all__ = ["HEADER", "FunnelTask", "limits_of"]
 
@@ -60,8 +68,13 @@ class FunnelTask(Task):  # type: ignore[misc]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if any(option in cls.__dict__ for option in OPTIONS):
-            limits_of(cls)  # bad options fail where the task is defined
+        check_class(cls, FunnelTask)  # bad options fail where the task is defined
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, *more: Any, **options: Any) -> Any:
+        """Celery's ``apply_async``, after refusing argument values that would make an
+        unstable funnel key (``ConfigurationError``, raised at the call)."""
+        check_call(self, args, kwargs)
+        return super().apply_async(args, kwargs, *more, **options)
 
     def before_start(self, task_id: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         super().before_start(task_id, args, kwargs)

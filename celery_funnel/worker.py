@@ -18,11 +18,11 @@ from typing import Any
 from celery import bootsteps
 from celery.worker.state import task_ready
 
+from ._checks import check_app
 from ._errors import BackendError
 from ._limit import Limit, Verdict, safe_part
 from ._outage import backoff
 from ._runtime import Runtime, runtime_for
-from .task import FunnelTask, limits_of
 
 __all__ = ["FunnelGate", "WorkerGate"]
 
@@ -163,10 +163,9 @@ class WorkerGate:
 
 
 def check_tasks(app: Any) -> None:
-    """Build every FunnelTask's limit, so that bad options fail at worker start."""
-    for task in list(app.tasks.values()):
-        if isinstance(task, FunnelTask):
-            limits_of(task)
+    """Check every setting and task of ``app`` (``_checks.check_app``), so that bad
+    options fail at worker start, named."""
+    check_app(app)
 
 
 class FunnelGate(bootsteps.StartStopStep):  # type: ignore[misc]
@@ -181,9 +180,9 @@ class FunnelGate(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def __init__(self, consumer: Any, **kwargs: Any) -> None:
         super().__init__(consumer, **kwargs)
+        check_tasks(consumer.app)
         runtime = runtime_for(consumer.app)
         settings = runtime.settings
-        check_tasks(consumer.app)
         if settings.limits:
             settings.require_redis()
             consumer.on_task_request = WorkerGate(runtime, consumer, consumer.on_task_request)

@@ -1,16 +1,21 @@
 from __future__ import annotations
 
+import datetime
+import decimal
 import re
+import uuid
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from kombu.entity import Queue
 
-from celery_funnel import ConfigurationError, Rate
+from celery_funnel import ConfigurationError, FunnelTask, Rate
 from celery_funnel._countdown import CountdownPolicy, policy_for
 from celery_funnel._limit import parse_limit, safe_part
 from celery_funnel._settings import FunnelSettings
+from celery_funnel._task_options import limits_of
+from celery_funnel._values import check_plain, format_fields, to_bool
 
 
 @pytest.mark.parametrize(
@@ -66,7 +71,7 @@ def test_settings_in_every_spelling(spell: object) -> None:
         ({"funnel_limits": {"x": {"rate": "5/s", "capacity": 0}}}, "capacity"),
         ({"funnel_limits": {"x": {"rate": "5/s", "scope": "planet"}}}, "scope"),
         ({"funnel_limits": {"x": {"rate": "5/s", "strategy": "magic"}}}, "strategy"),
-        ({"funnel_limits": {"x": {"rate": "5/s", "cost": 3}}}, "above capacity"),
+        ({"funnel_limits": {"x": {"rate": "5/s", "cost": 3}}}, "'cost'=3 is not supported"),
         ({"funnel_limits": ["x"]}, "funnel_limits"),
         ({"funnel_key_prefix": "a{b}"}, "funnel_key_prefix"),
         ({"funnel_max_countdown": -1}, "funnel_max_countdown"),
@@ -76,11 +81,6 @@ def test_settings_in_every_spelling(spell: object) -> None:
 def test_bad_settings_name_the_setting_and_value(conf: dict[str, object], named: str) -> None:
     with pytest.raises(ConfigurationError, match=re.escape(named)):
         FunnelSettings.from_conf(conf)
-
-
-def test_unknown_setting_warns() -> None:
-    with pytest.warns(UserWarning, match="funnel_ratee"):
-        FunnelSettings.from_conf({"funnel_ratee": 1})
 
 
 def test_redis_url_is_required_and_never_the_broker() -> None:
@@ -131,3 +131,215 @@ def test_several_limits_need_gcra_and_a_list() -> None:
         limits_of(Windows)
     with pytest.raises(ConfigurationError, match="must be a list"):
         limits_of(NotAList)
+
+
+# --- mistakes that were silent (issue 12): each one a ConfigurationError naming it ---
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (True, True), (False, False), (1, True), (0, False),
+        ("true", True), ("false", False), ("False", False), ("no", False),
+        ("yes", True), ("on", True), ("off", False), ("1", True), ("0", False), (" NO ", False),
+    ],
+)  # fmt: skip
+def test_booleans_accept_celerys_spellings(value: object, expected: bool) -> None:
+    assert to_bool("funnel_dry_run", value) is expected
+    conf = {"funnel_dry_run": value, "funnel_reservation": value, "funnel_throttle_eager": value}
+    settings = FunnelSettings.from_conf(conf)
+    assert (settings.dry_run, settings.reservation, settings.throttle_eager) == (expected,) * 3
+
+
+@pytest.mark.parametrize("value", ["maybe", "", "disabled", 2, -1, 0.0, [], {}])
+@pytest.mark.parametrize("name", ["funnel_dry_run", "funnel_reservation", "funnel_throttle_eager"])
+def test_booleans_refuse_anything_else(name: str, value: object) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape(f"{name} must be a boolean")) as info:
+        FunnelSettings.from_conf({name: value})
+    assert f"got {value!r}" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("key", "suggestion"),
+    [
+        ("funnel_limit", "funnel_limits"),
+        ("FUNNEL_LIMIT", "funnel_limits"),
+        ("CELERY_FUNNEL_REDIS_URI", "funnel_redis_url"),
+        ("funnel_dryrun", "funnel_dry_run"),
+        ("funnel_rates", "funnel_rate"),
+    ],
+)
+def test_misspelled_settings_fail_with_did_you_mean(key: str, suggestion: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        FunnelSettings.from_conf({key: "x"})
+    message = str(info.value)
+    assert f"app.conf.{key}='x' is not a celery-funnel setting" in message
+    assert f"(did you mean {suggestion!r}?)" in message
+
+
+def test_task_options_in_app_conf_say_where_they_belong() -> None:
+    with pytest.raises(ConfigurationError, match="task options go on a FunnelTask"):
+        FunnelSettings.from_conf({"funnel_rate": "5/s"})
+
+
+@pytest.mark.parametrize(
+    ("conf", "message"),
+    [
+        ({"funnel_max_countdown": 1e-9}, "funnel_max_countdown must be a number of seconds"
+         " from 0.05 to 86400, got 1e-09"),
+        ({"funnel_max_countdown": 10**7}, "funnel_max_countdown must be a number of seconds"),
+        ({"funnel_socket_timeout": 1e12}, "funnel_socket_timeout must be a number of seconds"
+         " from 0.01 to 300, got 1000000000000.0"),
+        ({"funnel_socket_timeout": 0}, "funnel_socket_timeout must be a number of seconds"),
+        ({"funnel_socket_timeout": float("nan")}, "funnel_socket_timeout must be a number"),
+        ({"funnel_socket_timeout": "1"}, "got '1'"),
+        ({"funnel_limits": {"x": {"rate": "5/s", "capacity": 10**12}}},
+         "capacity must be an integer from 1 to 1_000_000, got 1000000000000"),
+        ({"funnel_limits": {"x": "2000000/s"}}, "faster than one unit per microsecond"),
+        ({"funnel_on_backend_error": "defered"}, "(did you mean 'defer'?)"),
+        ({"funnel_limits": {"x": {"rate": "5/s", "strategy": "sliding-window"}}},
+         "(did you mean 'sliding_window'?)"),
+        ({"funnel_limits": {"x": {"rate": "5/s", "capcity": 2}}},
+         "unknown option 'capcity' (did you mean 'capacity'?)"),
+    ],
+)  # fmt: skip
+def test_values_no_one_means_are_refused(conf: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        FunnelSettings.from_conf(conf)
+
+
+def test_bounds_admit_what_people_mean() -> None:
+    settings = FunnelSettings.from_conf({
+        "funnel_max_countdown": 0.05, "funnel_socket_timeout": 300,
+        "funnel_limits": {"x": {"rate": "1000000/s", "capacity": 10**6}},
+    })  # fmt: skip
+    assert (settings.max_countdown, settings.socket_timeout) == (0.05, 300.0)
+    assert settings.limits[0].capacity == 10**6
+    assert Rate.parse("1000000/s").count == 10**6  # one per microsecond: the resolution
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"rate": "5/s", "key": "{customer}"}, "'key'='{customer}' is not supported"),
+        ({"rate": "5/s", "cost": 2, "capacity": 5}, "'cost'=2 is not supported"),
+        ({"rate": "5/s", "cost": len}, "use a FunnelTask with funnel_cost"),
+    ],
+)  # fmt: skip
+def test_worker_wide_limits_refuse_key_and_cost(spec: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape(message)) as info:
+        FunnelSettings.from_conf({"funnel_limits": {"emails.*": spec}})
+    assert "funnel_limits['emails.*']" in str(info.value)
+    assert "in worker-wide limits" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("key", "fields"),
+    [("{customer}", ["customer"]), ("{a.id}:{b[0]}-{c!r:>4}", ["a", "b", "c"]), ("fixed", [])],
+)
+def test_key_fields(key: str, fields: list[str]) -> None:
+    assert format_fields("funnel_key", key) == fields
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [("{}", "each field must name a parameter"), ("{0}", "got {0}"), ("{customer", "not a valid")],
+)
+def test_bad_key_format_strings(key: str, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        parse_limit({"rate": "5/s", "key": key}, where="task 't'")
+
+
+class _Customer:
+    id = 7
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["c1", b"c1", 7, 2.5, True, None, uuid.UUID(int=1), decimal.Decimal("1.5"),
+     datetime.date(2026, 1, 1), datetime.datetime(2026, 1, 1, 12), [1, "a"], {"a": (1, 2)}],
+)  # fmt: skip
+def test_plain_key_values(value: object) -> None:
+    assert check_plain("funnel_key", "customer", value) is value
+
+
+@pytest.mark.parametrize("value", [_Customer(), object(), {1, 2}, [object()], {"a": _Customer()}])
+def test_key_values_whose_str_is_unstable_are_refused(value: object) -> None:
+    def run(customer: object) -> None: ...
+
+    limit = parse_limit({"rate": "5/s", "key": "{customer}"})
+    with pytest.raises(ConfigurationError, match="cannot be part of a funnel key") as info:
+        limit.key_part(run, (value,), {})
+    assert f"customer={value!r}" in str(info.value)
+    assert parse_limit({"rate": "5/s", "key": "{customer.id}"}).key_part(run, (_Customer(),), {})
+    callable_key = parse_limit({"rate": "5/s", "key": lambda customer: customer})
+    with pytest.raises(ConfigurationError, match="key\\(\\)="):
+        callable_key.key_part(run, (value,), {})
+
+
+def test_funnel_task_classes_are_checked_where_they_are_defined() -> None:
+    with pytest.raises(ConfigurationError) as info:
+
+        class Misspelled(FunnelTask):
+            name = "t.misspelled"
+            funnel_rate = "5/s"
+            funnel_capcity = 3
+
+    assert "task 't.misspelled': funnel_capcity=3 is not a FunnelTask option" in str(info.value)
+    assert "(did you mean 'funnel_capacity'?)" in str(info.value)
+
+    with pytest.raises(ConfigurationError) as info:
+
+        class Missing(FunnelTask):
+            name = "t.missing"
+            funnel_rate = "5/s"
+            funnel_key = "{custmer}"
+
+            def run(self, customer: str, n: int = 0) -> None: ...
+
+    assert "funnel_key='{custmer}' names 'custmer', which is not a parameter" in str(info.value)
+    assert "(did you mean 'customer'?)" in str(info.value)
+
+    with pytest.raises(ConfigurationError, match=re.escape("funnel_limits[1]['key']")):
+
+        class Entry(FunnelTask):
+            name = "t.entry"
+            funnel_limits = ({"rate": "5/s"}, {"rate": "5/m", "key": "{region}"})
+
+            def run(self, customer: str) -> None: ...
+
+    with pytest.raises(ConfigurationError, match="funnel_dry_run must be a boolean"):
+
+        class DryRun(FunnelTask):
+            name = "t.dry"
+            funnel_rate = "5/s"
+            funnel_dry_run = "sometimes"  # type: ignore[assignment]
+
+
+def test_abstract_bases_are_checked_with_their_tasks() -> None:
+    class PerCustomer(FunnelTask):  # no run of its own: its key is checked on subclasses
+        funnel_rate = "5/s"
+        funnel_key = "{customer}"
+
+    class Good(PerCustomer):
+        name = "t.good"
+
+        def run(self, customer: str) -> None: ...
+
+    assert [limit.key for limit in limits_of(Good)] == ["{customer}"]
+    with pytest.raises(ConfigurationError, match="'customer', which is not a parameter"):
+
+        class Bad(PerCustomer):
+            name = "t.bad"
+
+            def run(self, tenant: str) -> None: ...
+
+
+def test_a_subclass_may_override_funnel_methods() -> None:
+    class Custom(FunnelTask):
+        name = "t.custom"
+        funnel_rate = "5/s"
+
+        def funnel_backoff(self, seconds: float) -> None: ...
+
+    assert limits_of(Custom)[0].rate == Rate(5, 1)
