@@ -5,7 +5,10 @@ fields in ``extra`` (``record.celery_funnel``), for structured logging."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from . import signals
@@ -59,13 +62,19 @@ class Observer:
         record.update(delay=round(delay, 6), **info)
         logger.log(
             logging.INFO if dry_run else logging.DEBUG,
-            "celery-funnel: %s %s",
+            "celery-funnel: %s %.1f s by funnel %s (slot %s): %s[%s] deferrals=%s%s",
             "would defer (dry run)" if dry_run else "deferred",
-            " ".join(f"{k}={v}" for k, v in record.items() if k != "event"),
+            delay, funnel, _local_time(time.time() + delay), name, task_id,
+            info["deferrals"], " requeued" if info["requeued"] else "",
             extra={"celery_funnel": record},
-        )
+        )  # fmt: skip
         if send_event is not None and not dry_run:
             send_event(EVENT, name=name, funnel=funnel, delay=delay, **info)
+
+    def quiet_ignored(self, task_id: str) -> None:
+        """Keep Celery's "Task ... ignored" INFO line for ``task_id`` out of the log: the
+        run ended with ``Ignore`` because it was deferred, which was logged already."""
+        _IGNORED_FILTER.add(task_id)
 
     def refused(self, name: str, task_id: str, funnel: str, error: BaseException) -> None:
         """The funnel fails a task with ``error``."""
@@ -76,3 +85,41 @@ class Observer:
             name, task_id, funnel, type(error).__name__,
             extra={"celery_funnel": {**record, "error": str(error)}},
         )  # fmt: skip
+
+
+def _local_time(at: float) -> str:
+    """``at`` (seconds since the epoch) as local wall time, to the tenth of a second."""
+    return time.strftime("%H:%M:%S", time.localtime(at)) + f".{int(at * 10) % 10}"
+
+
+class _IgnoredFilter(logging.Filter):
+    """Drops the tracer's "Task ... ignored" record of runs ended by a deferral."""
+
+    LIMIT = 10_000  # ids kept (a record is dropped once; unused ids age out)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._ids: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+        self._installed = False
+
+    def add(self, task_id: str) -> None:
+        with self._lock:
+            if not self._installed:
+                logging.getLogger("celery.app.trace").addFilter(self)
+                self._installed = True
+            self._ids[task_id] = None
+            while len(self._ids) > self.LIMIT:
+                self._ids.popitem(last=False)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if not isinstance(args, Mapping) or args.get("description") != "ignored":
+            return True
+        with self._lock:
+            deferred = str(args.get("id")) in self._ids
+            self._ids.pop(str(args.get("id")), None)
+        return not deferred
+
+
+_IGNORED_FILTER = _IgnoredFilter()

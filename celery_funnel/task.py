@@ -1,35 +1,31 @@
 """``FunnelTask``: a Celery task base class that passes shared funnels before it runs.
 
-The gate is ``before_start``, which the worker's tracer runs inside the ``try`` that
-handles ``Ignore``: a refused task is published again, for the time the funnel names,
-through ``signature_from_request`` (same id, headers, priority, queue, chain, links,
-group and chord), and the current run ends with ``Ignore``. ``request.retries`` is left
-alone and ``on_retry`` is not called: deferrals are counted in a header of their own.
+On a worker with celery-funnel installed, the worker gate (``celery_funnel.worker``)
+decides every run before it reaches the pool, over the task's own funnels and every
+matching ``funnel_limits`` entry at once, and marks the runs it admitted, which
+``before_start`` then lets through: each funnel is paid once per run. ``before_start``
+is the gate of eager runs (``funnel_throttle_eager``) and of workers without it: it
+calls the same gate core (``_gate.judge``); a refused task is published again, for
+the time the funnel names, with everything it was sent with (``_republish``), and the
+current run ends with ``Ignore``. ``request.retries`` is left alone and ``on_retry``
+is not called: deferrals are counted in a header of their own.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
-from functools import partial
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from celery import Task
 from celery.exceptions import Ignore
 
-from ._errors import BackendError, ConfigurationError, CostTooHighError, TooManyDeferralsError
-from ._limit import Limit, Verdict, check_all
-from ._outage import backoff
+from ._errors import ConfigurationError
+from ._gate import Charge, State, Step, Subject, admitted_by_gate, judge, label_of, report_wait
+from ._limit import Limit
+from ._republish import republish
 from ._runtime import Runtime, runtime_for
-from ._task_options import (
-    HEADER,
-    Deferral,
-    check_call,
-    check_class,
-    dry_run_of,
-    limits_of,
-    policy_of,
-)
+from ._task_options import HEADER, check_call, check_class, dry_run_of, limits_of, policy_of
 
 __all__ = ["HEADER", "FunnelTask", "limits_of"]
 
@@ -82,41 +78,33 @@ class FunnelTask(Task):  # type: ignore[misc]
         runtime = runtime_for(self.app)
         if request.called_directly or (request.is_eager and not runtime.settings.throttle_eager):
             return
-        limits = self._funnel_limits()
-        if not limits:
+        headers = request.headers or {}
+        if admitted_by_gate(headers):
+            return  # this worker's gate admitted the run, over every funnel: paid once
+        if not self._funnel_limits():
             return
-        dry_run = dry_run_of(self, runtime.settings.dry_run)
+        charges = self._funnel_charges(runtime, args, kwargs)
+        subject = Subject(
+            self.name,
+            task_id,
+            policy_of(self, runtime.settings.on_backend_error),
+            dry_run_of(self, runtime.settings.dry_run),
+            eager=bool(request.is_eager),
+        )
+        state = State.from_headers(headers)
         while True:
-            check = partial(self._funnel_check, runtime, limits, task_id, args, kwargs, dry_run)
-            verdict = self._funnel_verdict(runtime, task_id, dry_run, check)
-            if verdict is None or verdict.run:
+            step = judge(runtime, subject, charges, state)
+            if step.run:
                 return
-            if dry_run:  # record what a real funnel would have done, and run
-                runtime.observer.deferred(
-                    self.name, task_id, self.name, verdict.delay, dry_run=True
-                )
-                return
-            if verdict.never:
-                costs = [limit.cost_of(args, kwargs) for limit in limits]
-                raise self._funnel_refused(runtime, CostTooHighError(
-                    f"task {self.name}[{task_id}] costs {costs} units but its funnels hold"
-                    f" {[limit.capacity for limit in limits]}: it can never run"
-                ))  # fmt: skip
-            if not request.is_eager and not runtime.countdowns.waits_in_place(verdict.delay):
-                self._funnel_defer(runtime, args, kwargs, verdict)
+            if step.error is not None:
+                raise step.error
+            if not request.is_eager and not runtime.countdowns.waits_in_place(step.delay):
+                self._funnel_defer(runtime, subject, label_of(charges), args, kwargs, step)
             # eager mode (throttled on purpose), or under a second on a broker that
             # delays by whole seconds only: wait in place, then redeem the slot
-            state = Deferral.from_headers(request.headers)
-            runtime.observer.deferred(
-                self.name, task_id, self.name, verdict.delay,
-                deferrals=state.deferrals + 1, booked=verdict.booked, outage=verdict.outage,
-            )  # fmt: skip
-            time.sleep(verdict.delay)
-            if verdict.booked:
-                request.headers = {
-                    **(request.headers or {}),
-                    HEADER: state._replace(booked=True).header(),
-                }
+            report_wait(runtime, subject, label_of(charges), step, requeued=False)
+            time.sleep(step.delay)
+            state = step.state
 
     def funnel_backoff(self, seconds: float) -> None:
         """The upstream refused this task (an HTTP 429 with Retry-After, say): hold the
@@ -142,41 +130,11 @@ class FunnelTask(Task):  # type: ignore[misc]
             rate = limit.rate
             runtime.funnel.hold(key, limit.capacity - 1, rate.count, rate.period, seconds)
         # the hold voided every booking, this task's too: it books afresh on return
-        self._funnel_defer(runtime, args, kwargs, Verdict(run=False, delay=seconds))
-
-    def _funnel_verdict(
-        self, runtime: Runtime, task_id: str, dry_run: bool, check: Callable[[], Verdict]
-    ) -> Verdict | None:
-        """``check()``, the decision over every limit of the task, with the outage
-        policy and the reports around it: None to run the task unchecked."""
-        try:
-            verdict = check()
-        except BackendError as error:
-            return self._funnel_outage(runtime, error, dry_run)
-        runtime.outage.answered()
-        if verdict.run:
-            runtime.observer.admitted(self.name, task_id, self.name, dry_run=dry_run)
-        return verdict
-
-    def _funnel_refused(self, runtime: Runtime, error: Exception) -> Exception:
-        runtime.observer.refused(self.name, self.request.id, self.name, error)
-        return error
-
-    def _funnel_outage(
-        self, runtime: Runtime, error: BackendError, dry_run: bool = False
-    ) -> Verdict | None:
-        """The funnel's Redis failed: None to run the task anyway ("allow", or a dry
-        run), a back-off to defer it ("defer"), or the error again ("raise", and in
-        eager mode)."""
-        policy = policy_of(self, runtime.settings.on_backend_error)
-        runtime.outage.failed(error, policy)
-        if policy == "allow" or dry_run:
-            return None
-        if policy == "raise" or self.request.is_eager:
-            raise self._funnel_refused(runtime, error)
-        state = Deferral.from_headers(self.request.headers)
-        delay = backoff(state.outages, runtime.countdowns.cap)
-        return Verdict(run=False, delay=delay, booked=state.booked, outage=True)
+        state = State.from_headers(request.headers)
+        state = state._replace(deferrals=state.deferrals + 1, booked=False, passed=())
+        subject = Subject(self.name, request.id, runtime.settings.on_backend_error)
+        step = Step(run=False, delay=seconds, state=state)
+        self._funnel_defer(runtime, subject, self.name, args, kwargs, step)
 
     def _funnel_limits(self) -> tuple[Limit, ...]:
         if "_funnel_limits_cache" not in self.__dict__:
@@ -199,61 +157,40 @@ class FunnelTask(Task):  # type: ignore[misc]
             for i, limit in enumerate(limits)
         ]
 
-    def _funnel_check(
-        self,
-        runtime: Runtime,
-        limits: Sequence[Limit],
-        task_id: str,
-        args: Sequence[Any],
-        kwargs: Mapping[str, Any],
-        dry_run: bool = False,
-    ) -> Verdict:
+    def _funnel_charges(
+        self, runtime: Runtime, args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> list[Charge]:
+        """What one run with ``args``/``kwargs`` pays on the task's own funnels."""
+        limits = self._funnel_limits()
+        if not limits:
+            return []
         keys = self._funnel_keys(runtime, limits, args, kwargs)
-        costs = [limit.cost_of(args, kwargs) for limit in limits]
-        state = Deferral.from_headers(self.request.headers)
-        gcra = all(limit.strategy == "gcra" for limit in limits)
-        # a dry run books nothing: a refused task runs anyway and takes no slot
-        ticket = task_id if runtime.settings.reservation and gcra and not dry_run else None
-        late = None
-        if ticket is not None:  # one slot's width, doubled each time the ticket went stale
-            widths = [
-                limit.rate.period / limit.rate.count * max(cost, 1)
-                for limit, cost in zip(limits, costs, strict=True)
-            ]
-            late = max(widths) * 2**state.stale
-        if len(limits) == 1:
-            return limits[0].check(
-                runtime.funnel, keys[0], costs[0], ticket=ticket, redeem=state.booked, late=late
-            )
-        return check_all(
-            runtime.funnel, limits, keys, costs, ticket=ticket, redeem=state.booked, late=late
-        )
+        return [
+            Charge(limit, key, limit.cost_of(args, kwargs), self.name)
+            for limit, key in zip(limits, keys, strict=True)
+        ]
 
     def _funnel_defer(
-        self, runtime: Runtime, args: Sequence[Any], kwargs: Mapping[str, Any], verdict: Verdict
+        self,
+        runtime: Runtime,
+        subject: Subject,
+        label: str,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        step: Step,
     ) -> None:
+        """Publish the run again for ``step.delay`` (capped), and end this one."""
         request = self.request
-        state = Deferral.from_headers(request.headers)
-        deferral = Deferral(
-            state.deferrals + 1,
-            verdict.booked,
-            state.stale + verdict.stale,
-            state.outages + 1 if verdict.outage else 0,
-        )
-        cap = runtime.settings.max_deferrals
-        if cap is not None and deferral.deferrals > cap:
-            raise self._funnel_refused(runtime, TooManyDeferralsError(
-                f"task {self.name}[{request.id}] was deferred {state.deferrals} times"
-                f" (funnel_max_deferrals={cap})"
-            ))  # fmt: skip
-        headers = {**(request.headers or {}), HEADER: deferral.header()}
-        countdown = runtime.countdowns.countdown(verdict.delay)
-        runtime.observer.deferred(
-            self.name, request.id, self.name, verdict.delay,
-            deferrals=deferral.deferrals, booked=verdict.booked, outage=verdict.outage,
-            requeued=True, send_event=self.send_event if runtime.observer.events else None,
+        countdown = runtime.countdowns.countdown(step.delay)
+        report_wait(
+            runtime, subject, label, step, requeued=True,
+            send_event=self.send_event if runtime.observer.events else None,
         )  # fmt: skip
-        self.signature_from_request(
-            request, args, kwargs, countdown=countdown, headers=headers
-        ).apply_async()
+        properties = request.properties or {}
+        republish(
+            self, request, args, kwargs, countdown=countdown,
+            state=step.state._replace(waited=countdown).header(),
+            content_type=properties.get("content_type"),
+        )  # fmt: skip
+        runtime.observer.quiet_ignored(request.id)
         raise Ignore()

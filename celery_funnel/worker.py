@@ -1,151 +1,199 @@
-"""The worker gate: worker-wide limits (``funnel_limits``) for every matching task,
-FunnelTask or not, enforced where every due task passes: ``consumer.on_task_request``.
+"""The worker gate: the single gate of every task a worker with celery-funnel installed
+receives, FunnelTask or not, where every due task passes: ``consumer.on_task_request``.
+
+It charges the task's own funnels (FunnelTask options) and every matching worker-wide
+``funnel_limits`` entry in one decision (``_gate.judge``), and marks the runs it admits
+so that ``FunnelTask.before_start`` does not charge them again. A task it defers never
+reaches the pool: no ``STARTED`` state, no ``task_prerun``, no "ignored" log line.
 
 It runs on the consumer's event loop, so it never sleeps: a refused task is held on the
-consumer's timer (as Celery's own rate limit holds it) for exactly the time the funnel
-names, its slot booked under the task id, and then passes the gate again. Redis calls
-have bounded socket timeouts (``funnel_socket_timeout``).
+consumer's timer (as Celery holds ETA tasks) for exactly the time the funnel names, its
+slot booked under the task id, when that fits in what the broker allows an un-acked
+message (``_countdown``); a longer wait is published again once, with the capped
+countdown and everything it was sent with, and the original is acked after the publish.
+Held requests are dropped when the broker connection closes, as Celery drops its ETA
+timers: the broker delivers them again. Any error in the gate fails that one task.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import logging
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
 from typing import Any
 
+from billiard.einfo import ExceptionInfo  # type: ignore[import-untyped]
 from celery import bootsteps
+from celery import signals as celery_signals
 from celery.worker.state import task_ready
 
+from ._charges import Charges
 from ._checks import check_app
-from ._errors import BackendError
-from ._limit import Limit, Verdict, safe_part
-from ._outage import backoff
+from ._gate import HEADER, Charge, State, Step, Subject, gate_mark, judge, label_of, report_wait
+from ._keys import safe_part
+from ._limit import Limit
+from ._outage import BACKOFF_FIRST_SECONDS
+from ._republish import republish
 from ._runtime import Runtime, runtime_for
+from ._task_options import dry_run_of, policy_of
+from .task import FunnelTask, limits_of
 
 __all__ = ["FunnelGate", "WorkerGate"]
 
 logger = logging.getLogger("celery_funnel")
 
+# held until its expiry is this much past, so that Celery sees it expired
+EXPIRY_MARGIN_SECONDS = 0.01
+
 
 class WorkerGate:
-    """Wraps ``on_task_request``: passes a request on once every matching limit admits it.
-
-    A refused request books its slot under its task id and is held on the consumer's
-    timer until then. A message must not stay un-acked past the broker's limit (the
-    Redis transport's visibility timeout would deliver it again), so a request held
-    for the countdown cap in all is given back to the broker instead; whichever worker
-    receives it next redeems the same booking (the ticket is the task id, in Redis).
-    """
+    """Wraps ``on_task_request``: passes a request on once every funnel that applies to
+    it admits it; holds, re-publishes or fails it otherwise."""
 
     def __init__(self, runtime: Runtime, consumer: Any, handle: Callable[[Any], Any]) -> None:
         self.runtime = runtime
         self.consumer = consumer
         self.handle = handle
-        self.hostname = safe_part(getattr(consumer, "hostname", "") or "worker")
-        self._by_name: dict[str, tuple[Limit, ...]] = {}
-        self._passed: dict[str, set[int]] = {}  # request id -> indexes of limits passed
-        self._held_since: dict[str, float] = {}  # request id -> when it was first held
-        self._outages: dict[str, int] = {}  # request id -> back-offs in a row
-        self._holds: dict[str, int] = {}  # request id -> times held by this worker
+        self.node = getattr(consumer, "hostname", "") or ""
+        self.hostname = safe_part(self.node or "worker")
+        self.charges = Charges(runtime, consumer.app, self.hostname)
+        # request id -> (request, timer entry): what this worker holds right now
+        self._held: dict[str, tuple[Any, Any]] = {}
 
     def limits_for(self, name: str) -> tuple[Limit, ...]:
         """Every worker-wide limit whose pattern matches task ``name``."""
-        if name not in self._by_name:
-            self._by_name[name] = tuple(
-                limit
-                for limit in self.runtime.settings.limits
-                if limit.pattern is not None and fnmatch.fnmatchcase(name, limit.pattern)
-            )
-        return self._by_name[name]
-
-    def key(self, limit: Limit) -> str:
-        worker = self.hostname if limit.scope == "worker" else ""
-        return self.runtime.limit_key(limit.pattern, worker)
+        return self.charges.worker_limits(name)
 
     def __call__(self, request: Any) -> Any:
-        limits = self.limits_for(request.name)
-        if not limits:
+        try:
+            charges = self.charges.of(request.type, request.name, request.args, request.kwargs)
+        except Exception as error:  # a bad funnel_key fails its task only
+            return self._fail(request, error, reported=False)
+        if not charges:
             return self.handle(request)
-        return self._check(request, limits)
+        return self._pass(request, charges, State.from_headers(request.request_dict))
 
-    def _check(self, request: Any, limits: tuple[Limit, ...]) -> Any:
-        passed = self._passed.setdefault(request.id, set())
-        settings, observer = self.runtime.settings, self.runtime.observer
-        dry_run = settings.dry_run
-        for index, limit in enumerate(limits):
-            if index in passed:
-                continue
-            gcra = limit.strategy == "gcra"
-            ticket = request.id if settings.reservation and gcra and not dry_run else None
-            try:
-                # always redeem: the booking may have been made by another worker
-                verdict = limit.check(
-                    self.runtime.funnel,
-                    self.key(limit),
-                    1,
-                    ticket=ticket,
-                    redeem=ticket is not None,
-                )
-            except BackendError as error:
-                verdict = self._outage(request, error)
-            else:
-                self.runtime.outage.answered()
-                self._outages.pop(request.id, None)
-            funnel = f"limit:{limit.pattern}"
-            if verdict.run:
-                observer.admitted(request.name, request.id, funnel, dry_run=dry_run)
-            elif dry_run:  # report it, and let it through
-                observer.deferred(request.name, request.id, funnel, verdict.delay, dry_run=True)
-            else:
-                self._hold(request, limits, verdict, funnel)
-                return None
-            passed.add(index)
-        self._forget(request)
-        return self.handle(request)
+    def _subject(self, request: Any) -> Subject:
+        settings = self.runtime.settings
+        task = request.task
+        if isinstance(task, FunnelTask):
+            policy = policy_of(task, settings.on_backend_error)
+            return Subject(request.name, request.id, policy, dry_run_of(task, settings.dry_run))
+        return Subject(request.name, request.id, settings.on_backend_error, settings.dry_run)
 
-    def _outage(self, request: Any, error: BackendError) -> Verdict:
-        """The funnel's Redis failed: "allow" lets the request through; "defer" (and
-        "raise", as there is no task to fail here) holds it for a back-off."""
-        policy = self.runtime.settings.on_backend_error
-        self.runtime.outage.failed(error, policy)
-        if policy == "allow" or self.runtime.settings.dry_run:
-            return Verdict(run=True)
-        attempt = self._outages.get(request.id, 0)
-        self._outages[request.id] = attempt + 1
-        return Verdict(run=False, delay=backoff(attempt, self.runtime.countdowns.cap), outage=True)
+    def _pass(self, request: Any, charges: Sequence[Charge], state: State) -> Any:
+        """Decide ``request`` now: run it, hold it, publish it again, or fail it."""
+        if request.revoked():  # revoked, or expired while it waited: Celery ends it
+            return None
+        try:
+            step = judge(self.runtime, self._subject(request), charges, state)
+        except Exception as error:  # one task fails, the worker runs on
+            return self._fail(request, error, reported=False)
+        if step.run:
+            # the run is decided and paid: FunnelTask.before_start lets it through
+            request.request_dict[HEADER] = state.header(gate=gate_mark())
+            return self.handle(request)
+        if step.error is not None:
+            return self._fail(request, step.error, reported=True)
+        return self._wait(request, charges, step)
 
-    def _forget(self, request: Any) -> None:
-        self._passed.pop(request.id, None)
-        self._held_since.pop(request.id, None)
-        self._outages.pop(request.id, None)
-        self._holds.pop(request.id, None)
-
-    def _hold(self, request: Any, limits: tuple[Limit, ...], verdict: Verdict, funnel: str) -> None:
+    def _wait(self, request: Any, charges: Sequence[Charge], step: Step) -> None:
         policy = self.runtime.countdowns
-        delay = verdict.delay
-        since = self._held_since.setdefault(request.id, time.monotonic())
-        budget = policy.cap - (time.monotonic() - since)
-        requeue = delay > budget
-        holds = self._holds[request.id] = self._holds.get(request.id, 0) + 1
-        self.runtime.observer.deferred(
-            request.name, request.id, funnel, delay, deferrals=holds,
-            booked=verdict.booked, outage=verdict.outage, requeued=requeue,
+        # un-acked so far: the countdown it came with (an ETA message is held un-acked)
+        # and what this worker held it for before
+        budget = policy.cap - step.state.waited
+        hold = min(step.delay, _until_expiry(request))
+        subject = self._subject(request)
+        label = label_of(charges)
+        if hold <= budget or policy.waits_in_place(step.delay):
+            report_wait(
+                self.runtime, subject, label, step, requeued=False,
+                send_event=self._send_event(request),
+            )  # fmt: skip
+            waited = step.state.waited + hold
+            self._hold(request, charges, step.state._replace(waited=waited), hold)
+            return
+        report_wait(
+            self.runtime, subject, label, step, requeued=True,
             send_event=self._send_event(request),
         )  # fmt: skip
-        if requeue:
-            # held long enough: back to the broker before its un-acked limit
-            self._forget(request)
-            task_ready(request)
-            request.reject(requeue=True)
+        self._republish(request, charges, step)
+
+    def _republish(self, request: Any, charges: Sequence[Charge], step: Step) -> None:
+        """Publish the task again for the capped countdown; ack the original after."""
+        countdown = self.runtime.countdowns.countdown(step.delay)
+        try:
+            republish(
+                request.task, request._context, request.args, request.kwargs,
+                countdown=countdown, state=step.state._replace(waited=countdown).header(),
+                content_type=request.content_type, content_encoding=request.content_encoding,
+            )  # fmt: skip
+        except Exception as error:  # keep it, try again shortly
+            logger.warning(
+                "celery-funnel: could not publish deferred task %s[%s] again (%r);"
+                " holding it %.0f s",
+                request.name, request.id, error, BACKOFF_FIRST_SECONDS,
+            )  # fmt: skip
+            self._hold(request, charges, step.state, BACKOFF_FIRST_SECONDS)
             return
+        request.acknowledge()
+        task_ready(request)
+
+    def _hold(self, request: Any, charges: Sequence[Charge], state: State, delay: float) -> None:
         # Like an ETA task: held in this worker, outside the prefetch window, so that
         # other tasks keep flowing while it waits.
         self.consumer.qos.increment_eventually()
-        self.consumer.timer.call_after(
-            policy.countdown(delay), self._release, (request, limits), priority=6
+        entry = self.consumer.timer.call_after(
+            delay, self._release, (request, charges, state), priority=6
         )
+        self._held[request.id] = (request, entry)
+
+    def _release(self, request: Any, charges: Sequence[Charge], state: State) -> None:
+        if self._held.pop(request.id, None) is None:
+            return  # dropped with its connection
+        self.consumer.qos.decrement_eventually()
+        self._pass(request, charges, state)
+
+    def drop_held(self) -> int:
+        """Forget every held request: the broker connection they came on is gone, and
+        the broker delivers them again (to this worker or another). Returns how many."""
+        held, self._held = self._held, {}
+        timer = self.consumer.timer
+        for _request, entry in held.values():
+            if timer is not None:
+                timer.cancel(entry)
+        if held:
+            logger.info(
+                "celery-funnel: the broker connection closed; %d held task(s) dropped,"
+                " the broker delivers them again", len(held),
+            )  # fmt: skip
+        return len(held)
+
+    def _fail(self, request: Any, error: BaseException, *, reported: bool) -> None:
+        """Fail ``request`` with ``error`` as Celery fails a task (FAILURE stored,
+        errbacks, ``task_failure``, ``task-failed``), ack it, and log one line."""
+        if not reported:
+            logger.error(
+                "celery-funnel: task %s[%s] failed in the gate: %s: %s",
+                request.name, request.id, type(error).__name__, error,
+            )  # fmt: skip
+        self._held.pop(request.id, None)
+        try:
+            raise error
+        except BaseException:  # only to capture the traceback
+            info = ExceptionInfo()
+        task = request.task
+        task.backend.mark_as_failure(
+            request.id, error, info.traceback, request=request._context,
+            store_result=request.store_errors,
+        )  # fmt: skip
+        celery_signals.task_failure.send(
+            sender=task, task_id=request.id, exception=error, args=request.args,
+            kwargs=request.kwargs, traceback=info.traceback, einfo=info,
+        )  # fmt: skip
+        request.send_event("task-failed", exception=repr(error), traceback=info.traceback)
+        request.acknowledge()
+        task_ready(request)
 
     def _send_event(self, request: Any) -> Callable[..., Any] | None:
         dispatcher = getattr(self.consumer, "event_dispatcher", None)
@@ -157,9 +205,15 @@ class WorkerGate:
 
         return send
 
-    def _release(self, request: Any, limits: tuple[Limit, ...]) -> None:
-        self.consumer.qos.decrement_eventually()
-        self._check(request, limits)
+
+def _until_expiry(request: Any) -> float:
+    """Seconds until ``request`` expires (a hair past it), or infinity."""
+    expires = request.expires
+    if expires is None:
+        return float("inf")
+    now = datetime.now(timezone.utc if expires.tzinfo else None)
+    left: float = (expires - now).total_seconds()
+    return max(left, 0.0) + EXPIRY_MARGIN_SECONDS
 
 
 def check_tasks(app: Any) -> None:
@@ -171,12 +225,18 @@ def check_tasks(app: Any) -> None:
 class FunnelGate(bootsteps.StartStopStep):  # type: ignore[misc]
     """Consumer bootstep: checks the settings and every FunnelTask's options (a bad
     value stops the worker at start, named), and installs the worker gate when
-    ``funnel_limits`` is set."""
+    ``funnel_limits`` is set or a FunnelTask is registered; drops the requests the gate
+    holds when the broker connection closes (``stop``, as the consumer restarts)."""
 
     label = "celery-funnel gate"
 
     def shutdown(self, consumer: Any) -> None:
         runtime_for(consumer.app).close()
+
+    def stop(self, consumer: Any) -> None:
+        gate = consumer.on_task_request
+        if isinstance(gate, WorkerGate):
+            gate.drop_held()
 
     def __init__(self, consumer: Any, **kwargs: Any) -> None:
         super().__init__(consumer, **kwargs)
@@ -185,10 +245,17 @@ class FunnelGate(bootsteps.StartStopStep):  # type: ignore[misc]
         settings = runtime.settings
         if settings.limits:
             settings.require_redis()
+        if settings.limits or _funnel_tasks(consumer.app):
             consumer.on_task_request = WorkerGate(runtime, consumer, consumer.on_task_request)
+        if settings.limits:
             logger.info(
                 "celery-funnel: worker-wide limits on %s",
                 ", ".join(f"{limit.pattern}={limit.rate}" for limit in settings.limits),
             )
         if settings.redis_url:  # one log line per problem of the funnels' Redis
             runtime.check_backend()
+
+
+def _funnel_tasks(app: Any) -> bool:
+    """Whether ``app`` has a FunnelTask with a funnel (the gate decides its runs)."""
+    return any(isinstance(t, FunnelTask) and limits_of(t) for t in list(app.tasks.values()))

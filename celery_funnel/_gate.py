@@ -1,0 +1,265 @@
+"""The one gate core: every funnel that applies to one run of a task, one decision.
+
+Both entry points call it: the worker gate (``consumer.on_task_request``, the single gate
+of every task a worker with celery-funnel installed receives) and ``FunnelTask.before_start``
+(eager runs and workers without the gate). They differ only in how a task waits (held on
+the consumer's timer, slept, or published again) and how it fails.
+
+Charging: each funnel is charged exactly once per run of the task. GCRA funnels whose keys
+may meet in one script (any standalone Redis; one hash tag on a Cluster) are decided all or
+nothing in one atomic step: admitted when all admit, else one slot is booked, the latest
+of them, in every funnel at once, and nothing else is taken. Funnels that cannot share a
+step (other strategies, several Cluster slots) are decided one at a time in a fixed order;
+the ones already passed are remembered in the task's header and not charged again.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from ._errors import BackendError, CostTooHighError, TooManyDeferralsError
+from ._keys import hash_tag
+from ._limit import Limit, Verdict, check_all
+from ._outage import backoff
+from ._runtime import Runtime
+from ._task_options import HEADER
+
+__all__ = [
+    "HEADER",
+    "Charge",
+    "State",
+    "Step",
+    "Subject",
+    "admitted_by_gate",
+    "gate_mark",
+    "judge",
+    "label_of",
+    "report_wait",
+]
+
+
+class State(NamedTuple):
+    """What the ``celery_funnel`` header carries from one delivery of a task to the next."""
+
+    deferrals: int = 0  # times deferred so far
+    booked: bool = False  # a slot is booked under the task id
+    stale: int = 0  # times its ticket came too late (the late grace doubles each time)
+    outages: int = 0  # deferrals in a row because the funnel's Redis failed
+    passed: tuple[int, ...] = ()  # funnels already passed (decided one at a time)
+    waited: float = 0.0  # the countdown this message was published with (seconds)
+
+    @classmethod
+    def from_headers(cls, headers: Mapping[str, Any] | None) -> State:
+        """The state in a message's headers (a fresh one when absent)."""
+        raw = (headers or {}).get(HEADER) or {}
+        return cls(
+            int(raw.get("deferrals", 0)),
+            bool(raw.get("booked")),
+            int(raw.get("stale", 0)),
+            int(raw.get("outages", 0)),
+            tuple(int(i) for i in raw.get("passed") or ()),
+            float(raw.get("waited", 0.0)),
+        )
+
+    def header(self, **more: Any) -> dict[str, Any]:
+        """The header value (JSON-safe), with ``more`` fields."""
+        return {**self._asdict(), "passed": list(self.passed), **more}
+
+
+def gate_mark(pid: int | None = None) -> str:
+    """What the worker gate writes into the header of a run it admitted: its host and
+    process. Only that process (threads, solo) or its pool children (prefork) see the
+    mark as theirs, so a copy carried by a retried message elsewhere means nothing."""
+    return f"{socket.gethostname()}:{os.getpid() if pid is None else pid}"
+
+
+def admitted_by_gate(headers: Mapping[str, Any] | None) -> bool:
+    """Whether this process's worker gate admitted the run with these headers."""
+    mark = ((headers or {}).get(HEADER) or {}).get("gate")
+    return mark is not None and mark in (gate_mark(), gate_mark(os.getppid()))
+
+
+@dataclass(frozen=True)
+class Charge:
+    """One funnel a run of a task pays: ``cost`` units of ``limit`` on ``key``;
+    ``label`` names it in signals and logs (the task name, or ``limit:<pattern>``)."""
+
+    limit: Limit
+    key: str
+    cost: int
+    label: str
+
+
+class Step(NamedTuple):
+    """The gate's answer: ``run``; or wait ``delay`` seconds carrying ``state``; or fail
+    with ``error``."""
+
+    run: bool
+    delay: float = 0.0
+    state: State = State()
+    error: BaseException | None = None
+    booked: bool = False
+    outage: bool = False
+
+
+RUN = Step(run=True)
+
+
+def label_of(charges: Sequence[Charge]) -> str:
+    """The funnels' names, joined: what a deferral by all of them reports."""
+    return "+".join(dict.fromkeys(charge.label for charge in charges))
+
+
+def _joint(runtime: Runtime, charges: Sequence[Charge]) -> bool:
+    """Whether the charges can be decided in one script: GCRA only, and on a Redis
+    Cluster one hash tag for every key."""
+    if any(charge.limit.strategy != "gcra" for charge in charges):
+        return False
+    client = getattr(runtime.funnel, "client", None)
+    if client is None or "Cluster" not in type(client).__name__:
+        return True
+    return len({hash_tag(charge.key) for charge in charges}) == 1
+
+
+def _late(charges: Sequence[Charge], stale: int) -> float:
+    """One slot's width of the widest funnel, doubled each time the ticket went stale."""
+    widths: list[float] = [
+        c.limit.rate.period / c.limit.rate.count * max(c.cost, 1) for c in charges
+    ]
+    return max(widths) * 2.0**stale
+
+
+def decide(
+    runtime: Runtime, charges: Sequence[Charge], ticket: str | None, state: State
+) -> tuple[Verdict, tuple[int, ...]]:
+    """The verdict over every charge not yet passed, and the indexes passed after it.
+
+    Raises:
+        BackendError: when the funnel's Redis fails.
+    """
+    pending = [(i, c) for i, c in enumerate(charges) if c.cost > 0 and i not in state.passed]
+    if not pending:
+        return Verdict(run=True), state.passed
+    funnel = runtime.funnel
+    redeem = ticket is not None and state.booked
+    if len(pending) > 1 and _joint(runtime, [c for _, c in pending]):
+        limits = [c.limit for _, c in pending]
+        late = _late([c for _, c in pending], state.stale) if ticket else None
+        verdict = check_all(
+            funnel, limits, [c.key for _, c in pending], [c.cost for _, c in pending],
+            ticket=ticket, redeem=redeem, late=late,
+        )  # fmt: skip
+        return verdict, state.passed
+    passed = list(state.passed)
+    for index, charge in pending:
+        gcra = charge.limit.strategy == "gcra"
+        own = ticket if gcra else None
+        verdict = charge.limit.check(
+            funnel, charge.key, charge.cost, ticket=own, redeem=redeem and own is not None,
+            late=_late([charge], state.stale) if own else None,
+        )  # fmt: skip
+        if not verdict.run:
+            return verdict, tuple(passed)
+        passed.append(index)
+        redeem = False  # a booking is only ever held on the first funnel still pending
+    return Verdict(run=True), tuple(passed)
+
+
+@dataclass(frozen=True)
+class Subject:
+    """The run being judged: task ``name`` and ``task_id``; ``policy``: its
+    ``funnel_on_backend_error``; ``dry_run``; ``eager``: an eager run (no broker to
+    defer through, so "raise" is the only outage answer besides "allow")."""
+
+    name: str
+    task_id: str
+    policy: str
+    dry_run: bool = False
+    eager: bool = False
+
+
+def judge(runtime: Runtime, subject: Subject, charges: Sequence[Charge], state: State) -> Step:
+    """One decision over ``charges`` for ``subject``, with the outage policy, the caps
+    and the reports (admitted, refused and dry-run deferrals; real deferrals are
+    reported by the caller, who knows how the task waits).
+
+    Raises:
+        Exception: whatever computing a charge raised is the caller's to handle; Redis
+            failures are not raised but handled by the policy.
+    """
+    label, observer = label_of(charges), runtime.observer
+    settings = runtime.settings
+    reserve = settings.reservation and not subject.dry_run
+    ticket = subject.task_id if reserve else None
+    try:
+        verdict, passed = decide(runtime, charges, ticket, state)
+    except BackendError as error:
+        return _outage(runtime, subject, state, error, label)
+    runtime.outage.answered()
+    if verdict.run:
+        observer.admitted(subject.name, subject.task_id, label, dry_run=subject.dry_run)
+        return RUN
+    if subject.dry_run:  # record what a real funnel would have done, and run
+        observer.deferred(subject.name, subject.task_id, label, verdict.delay, dry_run=True)
+        return RUN
+    if verdict.never:
+        costs = [charge.cost for charge in charges]
+        capacities = [charge.limit.capacity for charge in charges]
+        never = CostTooHighError(
+            f"task {subject.name}[{subject.task_id}] costs {costs} units but its funnels"
+            f" ({label}) hold {capacities}: it can never run"
+        )
+        return fail(runtime, subject, label, never)
+    after = State(
+        state.deferrals + 1, verdict.booked, state.stale + verdict.stale, 0, passed, state.waited
+    )
+    cap = settings.max_deferrals
+    if cap is not None and after.deferrals > cap:
+        too_many = TooManyDeferralsError(
+            f"task {subject.name}[{subject.task_id}] was deferred {state.deferrals} times"
+            f" (funnel_max_deferrals={cap})"
+        )
+        return fail(runtime, subject, label, too_many)
+    return Step(run=False, delay=verdict.delay, state=after, booked=verdict.booked)
+
+
+def fail(runtime: Runtime, subject: Subject, label: str, error: BaseException) -> Step:
+    """Report that the gate fails the run with ``error``."""
+    runtime.observer.refused(subject.name, subject.task_id, label, error)
+    return Step(run=False, error=error)
+
+
+def _outage(
+    runtime: Runtime, subject: Subject, state: State, error: BackendError, label: str
+) -> Step:
+    """The funnel's Redis failed: run anyway ("allow", or a dry run), fail ("raise",
+    and eager runs), or wait a back-off ("defer"), keeping any booking."""
+    runtime.outage.failed(error, subject.policy)
+    if subject.policy == "allow" or subject.dry_run:
+        return RUN
+    if subject.policy == "raise" or subject.eager:
+        return fail(runtime, subject, label, error)
+    delay = backoff(state.outages, runtime.countdowns.cap)
+    after = state._replace(deferrals=state.deferrals + 1, outages=state.outages + 1)
+    return Step(run=False, delay=delay, state=after, booked=state.booked, outage=True)
+
+
+def report_wait(
+    runtime: Runtime,
+    subject: Subject,
+    label: str,
+    step: Step,
+    *,
+    requeued: bool,
+    send_event: Any = None,
+) -> None:
+    """Report a deferral: signals, the log line and (``send_event``) the Celery event."""
+    runtime.observer.deferred(
+        subject.name, subject.task_id, label, step.delay,
+        deferrals=step.state.deferrals, booked=step.booked, outage=step.outage,
+        requeued=requeued, send_event=send_event,
+    )  # fmt: skip

@@ -1,0 +1,73 @@
+"""Publishing a deferred task again, exactly as it was sent, for a later time.
+
+``Task.signature_from_request`` keeps the id, root/parent ids, group and chord, chain,
+links, headers, stamps, priority, routing, ``expires``, time limits and ``reply_to``; it
+does not keep the serializer, the compression or ``argsrepr``/``kwargsrepr`` (a
+secret hidden from events and Flower would show after the first deferral). Both gates
+publish through ``republish``, which adds them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kombu.serialization import registry
+
+from ._task_options import HEADER
+
+__all__ = ["message_options", "republish"]
+
+# what a message's headers may carry that is not the task's own (RabbitMQ's dead-letter
+# bookkeeping is dropped by Celery already)
+_NOT_CARRIED = ("compression",)
+
+
+def message_options(
+    context: Any, content_type: str | None, content_encoding: str | None
+) -> dict[str, Any]:
+    """The publish options a message was sent with that ``signature_from_request``
+    forgets: serializer (from its content type), compression, argsrepr/kwargsrepr."""
+    options: dict[str, Any] = {}
+    if content_type:
+        name = registry.type_to_name.get(content_type)
+        if name is not None:
+            options["serializer"] = name
+    compression = getattr(context, "compression", None)
+    if compression:
+        options["compression"] = compression  # kombu takes the content type as well
+    for field in ("argsrepr", "kwargsrepr"):
+        value = getattr(context, field, None)
+        if value is not None:
+            options[field] = value
+    return options
+
+
+def republish(
+    task: Any,
+    context: Any,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    *,
+    countdown: float,
+    state: Mapping[str, Any],
+    content_type: str | None = None,
+    content_encoding: str | None = None,
+) -> None:
+    """Publish ``task``'s run described by ``context`` (a Celery ``Context``) again in
+    ``countdown`` seconds, with everything it was sent with and ``state`` as the
+    ``celery_funnel`` header.
+
+    Raises:
+        Exception: what the broker's publish raises (the caller keeps the original
+            message un-acked then, so the broker delivers it again).
+    """
+    headers = {
+        k: v for k, v in (context.headers or {}).items() if k not in _NOT_CARRIED and k != HEADER
+    }
+    headers[HEADER] = dict(state)
+    options = message_options(context, content_type, content_encoding)
+    signature = task.signature_from_request(
+        context, args, kwargs, countdown=countdown, headers=headers, **options
+    )
+    signature.apply_async()
