@@ -73,14 +73,16 @@ def ensure(extras: str, root: Path = VENV, python: str | None = None) -> Path:
 
 
 def find_python(*names: str) -> str | None:
-    """The first interpreter found on PATH (or pyenv's folder) by one of ``names``."""
+    """The first interpreter called one of ``names`` that runs: pyenv's, then PATH's (a
+    pyenv shim on PATH may name a version that is not active)."""
     pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
     for name in names:
-        found = shutil.which(name)
-        if found:
-            return found
-        for candidate in sorted(pyenv.glob(f"*/bin/{name}"), reverse=True):
-            return str(candidate)
+        candidates = [*sorted(map(str, pyenv.glob(f"*/bin/{name}")), reverse=True)]
+        candidates.append(shutil.which(name) or "")
+        for candidate in filter(None, candidates):
+            works = subprocess.run([candidate, "-c", ""], capture_output=True, check=False)
+            if works.returncode == 0:
+                return candidate
     return None
 
 
