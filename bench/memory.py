@@ -62,15 +62,23 @@ def capture(call: Callable[[Funnel], Any]) -> _Call:
     raise AssertionError("the call ran no script")
 
 
-LIMITERS: dict[str, Callable[..., Any]] = {  # (funnel, key)
-    "gcra throttle": lambda f, key: f.throttle(key, 14, 30, HOUR),
-    "reserve (booked, with ticket)": lambda f, key: f.reserve(
+T0 = 1_700_000_000.0  # the clock of the calls that pass one (now=)
+LIMITERS: dict[str, Callable[..., Any]] = {  # (funnel, key, step)
+    "gcra throttle": lambda f, key, step: f.throttle(key, 14, 30, HOUR),
+    "reserve (booked, with ticket)": lambda f, key, step: f.reserve(
         key, 0, 1, HOUR, ticket="t", late=HOUR
     ),
-    "fixed window": lambda f, key: f.fixed_window(key, 100, HOUR),
-    "sliding window (10 counters)": lambda f, key: f.sliding_window(key, 100, HOUR),
-    "sliding log (1 entry)": lambda f, key: f.sliding_log(key, 100, HOUR),
+    "fixed window": lambda f, key, step: f.fixed_window(key, 100, HOUR),
+    "sliding window (10 sub-windows, 1 used)": lambda f, key, step: f.sliding_window(
+        key, 100, HOUR
+    ),
+    # one decision in each sub-window: the steady state of a busy funnel
+    "sliding window (10 sub-windows, all used)": lambda f, key, step: f.sliding_window(
+        key, 100, HOUR, now=T0 + step * HOUR / 10
+    ),
+    "sliding log (1 entry)": lambda f, key, step: f.sliding_log(key, 100, HOUR),
 }
+STEPS = {"reserve (booked, with ticket)": 2, "sliding window (10 sub-windows, all used)": 10}
 
 
 def measure(url: str, name: str, keys: int) -> dict[str, float]:
@@ -78,20 +86,21 @@ def measure(url: str, name: str, keys: int) -> dict[str, float]:
     client = redis.Redis.from_url(url)
     client.flushall()
     limiter = LIMITERS[name]
-    sample = capture(lambda f: limiter(f, "sample"))
+    sample = capture(lambda f: limiter(f, "sample", 0))
     client.script_load(sample.script.source)
-    booked = name.startswith("reserve")
+    steps = STEPS.get(name, 1)
     before = int(client.info("memory")["used_memory"])
     for start in range(0, keys, BATCH):
         with client.pipeline(transaction=False) as pipe:
             for n in range(start, min(start + BATCH, keys)):
-                call = capture(partial(limiter, key=f"funnel:bench:{n}"))
-                for _ in range(2 if booked else 1):  # the second call books a slot
+                for step in range(steps):  # a second reservation books a slot
+                    call = capture(partial(limiter, key=f"funnel:bench:{n}", step=step))
                     pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.call_args)
             pipe.execute()
     after = int(client.info("memory")["used_memory"])
     redis_keys = int(client.dbsize())
-    usage = sum(int(client.memory_usage(k) or 0) for k in client.scan_iter("*funnel:bench:0*"))
+    usage = sum(int(client.memory_usage(k) or 0) for k in client.scan_iter("*funnel:bench:0[}#:]*"))
+    usage += int(client.memory_usage("funnel:bench:0") or 0)
     client.close()
     return {
         "bytes": (after - before) / keys,
@@ -107,7 +116,7 @@ def run(url: str, keys: int) -> dict[str, dict[str, float]]:
 def table(rows: dict[str, dict[str, float]], version: str, keys: int) -> str:
     head = [
         f"Redis {version}, {keys} funnels per limiter, each after one decision"
-        " (reservation: one admitted, one booked)",
+        " (reservation: one admitted, one booked; sliding window, all used: one in each sub-window)",
         "",
         "| limiter | bytes per funnel (used_memory) | Redis keys per funnel | MEMORY USAGE |",
         "| --- | ---: | ---: | ---: |",

@@ -105,12 +105,19 @@ class MemoryStore:
     def zcount(self, key: str, low: int, high: int) -> int:
         return sum(low <= s <= high for s in self._zset(key).values())
 
-    def zremrangebyscore(self, key: str, high: int, *, inclusive: bool = True) -> None:
-        """Remove members scored ``<= high`` (``< high`` when not inclusive)."""
+    def zremrangebyscore(
+        self, key: str, high: int, *, inclusive: bool = True, count: int | None = None
+    ) -> None:
+        """Remove members scored ``<= high`` (``< high`` when not inclusive); only the
+        ``count`` lowest of them when given (ZCOUNT + ZREMRANGEBYRANK)."""
         zset = self._zset(key)
-        for member, score in list(zset.items()):
-            if score < high or (inclusive and score == high):
-                del zset[member]
+        doomed = sorted(
+            (score, member)
+            for member, score in zset.items()
+            if score < high or (inclusive and score == high)
+        )
+        for _, member in doomed[:count]:
+            del zset[member]
 
     def zscores(self, key: str) -> list[int]:
         """Every score in ascending order (what ZRANGE ... WITHSCORES walks)."""

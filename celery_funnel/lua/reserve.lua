@@ -13,6 +13,7 @@
 -- ARGV[6]  max wait, us: book no slot further away than this (-1 = no bound;
 --          0 = admit now or refuse, never book)
 -- ARGV[7], ARGV[8], ...  per funnel: increment (T * quantity, us), tau (T * limit, us)
+-- ARGV[7 + 2n]  at most this many stale tickets are swept per call
 -- Reply    {status, delay (us), reset_after (us, the latest funnel), stale (1 = the
 --          ticket came after its window)}; status 0 = admitted now, 1 = a slot is
 --          booked (delay until it), 2 = not booked: delay > max wait, 3 = the request
@@ -83,8 +84,14 @@ if delay <= 0 then
   return {0, 0, latest - now, stale}
 end
 if ticket ~= '' then
-  -- slots only grow, so this booking outlives every ticket already in the set
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('(%.0f', now - late))
+  -- slots only grow, so this booking outlives every ticket already in the set. Stale
+  -- tickets (slot + late passed) are the lowest-ranked: drop at most ARGV[7 + 2n]
+  -- of them per call (ZCOUNT is O(log N)), so one call's work stays bounded however
+  -- many went stale; each booking adds one, so they cannot pile up.
+  local stale_count = redis.call('ZCOUNT', KEYS[1], '-inf', string.format('(%.0f', now - late))
+  if stale_count > 0 then
+    redis.call('ZREMRANGEBYRANK', KEYS[1], 0, math.min(stale_count, tonumber(ARGV[7 + 2 * n])) - 1)
+  end
   redis.call('ZADD', KEYS[1], string.format('%.0f', slot), ticket)
   redis.call('PEXPIRE', KEYS[1], math.ceil((delay + late) / 1000) + 1)
 end

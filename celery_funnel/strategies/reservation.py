@@ -27,6 +27,8 @@ from ._common import US, check_int, check_key, now_us, seconds
 from .gcra import shape
 
 ADMITTED, BOOKED, TOO_FAR, NEVER = 0, 1, 2, 3
+# Stale tickets swept per booking, at most: bounded work per call (each booking adds one).
+SWEEP = 100
 # Early arrivals are honoured at most this soon before their slot by default:
 # enough for timer jitter, small enough not to bunch fast funnels.
 DEFAULT_EARLY_SECONDS = 0.05
@@ -69,7 +71,7 @@ def _twin(store: MemoryStore, keys: Sequence[str], argv: Sequence[Arg]) -> Reply
     if delay <= 0:
         return [ADMITTED, 0, latest - now, stale]
     if ticket:
-        store.zremrangebyscore(keys[0], now - late, inclusive=False)
+        store.zremrangebyscore(keys[0], now - late, inclusive=False, count=int(argv[-1]))
         store.zadd(keys[0], {ticket: slot})
         store.pexpire(keys[0], -(-(delay + late) // 1000) + 1)
     return [BOOKED, delay, latest - now, stale]
@@ -126,7 +128,7 @@ def reserve_all(
         _grace_us("early", early, min(widest, round(DEFAULT_EARLY_SECONDS * US))),
         _grace_us("late", late, widest),
         -1 if max_wait is None else _grace_us("max_wait", max_wait, -1),
-        *pairs,
+        *pairs, SWEEP,
     ]  # fmt: skip
     keys = [tickets_key(funnels[0].key), *(f.key for f in funnels)]
     status, delay_us, reset_us, stale = run(SCRIPT, keys, args)
