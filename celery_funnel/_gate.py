@@ -39,6 +39,7 @@ __all__ = [
     "judge",
     "label_of",
     "report_wait",
+    "requeued",
 ]
 
 
@@ -51,6 +52,7 @@ class State(NamedTuple):
     outages: int = 0  # deferrals in a row because the funnel's Redis failed
     passed: tuple[int, ...] = ()  # funnels already passed (decided one at a time)
     waited: float = 0.0  # the countdown this message was published with (seconds)
+    requeues: int = 0  # times published again (holds in a worker are not counted)
 
     @classmethod
     def from_headers(cls, headers: Mapping[str, Any] | None) -> State:
@@ -63,6 +65,7 @@ class State(NamedTuple):
             int(raw.get("outages", 0)),
             tuple(int(i) for i in raw.get("passed") or ()),
             float(raw.get("waited", 0.0)),
+            int(raw.get("requeues", 0)),
         )
 
     def header(self, **more: Any) -> dict[str, Any]:
@@ -214,8 +217,12 @@ def judge(runtime: Runtime, subject: Subject, charges: Sequence[Charge], state: 
             f" ({label}) hold {capacities}: it can never run"
         )
         return fail(runtime, subject, label, never)
-    after = State(
-        state.deferrals + 1, verdict.booked, state.stale + verdict.stale, 0, passed, state.waited
+    after = state._replace(
+        deferrals=state.deferrals + 1,
+        booked=verdict.booked,
+        stale=state.stale + verdict.stale,
+        outages=0,
+        passed=passed,
     )
     cap = settings.max_deferrals
     if cap is not None and after.deferrals > cap:
@@ -246,6 +253,11 @@ def _outage(
     delay = backoff(state.outages, runtime.countdowns.cap)
     after = state._replace(deferrals=state.deferrals + 1, outages=state.outages + 1)
     return Step(run=False, delay=delay, state=after, booked=state.booked, outage=True)
+
+
+def requeued(state: State, countdown: float) -> dict[str, Any]:
+    """The header of a run published again with ``countdown``."""
+    return state._replace(waited=countdown, requeues=state.requeues + 1).header()
 
 
 def report_wait(

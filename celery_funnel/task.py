@@ -21,7 +21,17 @@ from celery import Task
 from celery.exceptions import Ignore
 
 from ._errors import ConfigurationError
-from ._gate import Charge, State, Step, Subject, admitted_by_gate, judge, label_of, report_wait
+from ._gate import (
+    Charge,
+    State,
+    Step,
+    Subject,
+    admitted_by_gate,
+    judge,
+    label_of,
+    report_wait,
+    requeued,
+)
 from ._limit import Limit
 from ._republish import republish
 from ._runtime import Runtime, runtime_for
@@ -189,7 +199,7 @@ class FunnelTask(Task):  # type: ignore[misc]
         properties = request.properties or {}
         republish(
             self, request, args, kwargs, countdown=countdown,
-            state=step.state._replace(waited=countdown).header(),
+            state=requeued(step.state, countdown),
             content_type=properties.get("content_type"),
         )  # fmt: skip
         runtime.observer.quiet_ignored(request.id)

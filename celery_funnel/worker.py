@@ -29,7 +29,18 @@ from celery.worker.state import task_ready
 
 from ._charges import Charges
 from ._checks import check_app
-from ._gate import HEADER, Charge, State, Step, Subject, gate_mark, judge, label_of, report_wait
+from ._gate import (
+    HEADER,
+    Charge,
+    State,
+    Step,
+    Subject,
+    gate_mark,
+    judge,
+    label_of,
+    report_wait,
+    requeued,
+)
 from ._keys import safe_part
 from ._limit import Limit
 from ._outage import BACKOFF_FIRST_SECONDS
@@ -125,7 +136,7 @@ class WorkerGate:
         try:
             republish(
                 request.task, request._context, request.args, request.kwargs,
-                countdown=countdown, state=step.state._replace(waited=countdown).header(),
+                countdown=countdown, state=requeued(step.state, countdown),
                 content_type=request.content_type, content_encoding=request.content_encoding,
             )  # fmt: skip
         except Exception as error:  # keep it, try again shortly

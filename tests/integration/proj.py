@@ -76,6 +76,7 @@ def make_app(
                     "deferrals": (request.headers or {})
                     .get("celery_funnel", {})
                     .get("deferrals", 0),
+                    "requeues": (request.headers or {}).get("celery_funnel", {}).get("requeues", 0),
                 }
             ),
         )
