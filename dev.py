@@ -101,7 +101,21 @@ def compat(rest: list[str]) -> None:
         upgrade = () if pins else ("--upgrade", "celery[redis]", "kombu", "redis")
         sh(py, "-m", "pip", "install", "-q", *upgrade, *pins)
         sh(py, "-m", "pip", "list", "--format=freeze")
-        sh(py, "-m", "pytest", "-q", "-p", "no:cacheprovider", *COMPAT_TESTS, *rest)
+        # old redis-py and Celery result backends leave sockets to the collector: a
+        # third party's ResourceWarning, which the main suite (newest releases) still fails on
+        unraisable = "ignore::pytest.PytestUnraisableExceptionWarning"
+        sh(
+            py,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-W",
+            unraisable,
+            *COMPAT_TESTS,
+            *rest,
+        )
 
 
 def main(argv: list[str]) -> None:

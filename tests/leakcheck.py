@@ -43,7 +43,8 @@ def marked_processes(mark: str, name: str = MARK) -> dict[int, str]:
             if needle in (entry / "environ").read_bytes().split(b"\0"):
                 command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
                 found[pid] = command.decode(errors="replace").strip()
-    return found
+    # multiprocessing's resource tracker is the standard library's, and ends with its parent
+    return {pid: c for pid, c in found.items() if "multiprocessing.resource_tracker" not in c}
 
 
 def _survivors(mark: str) -> dict[int, str]:

@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 import redis
+from celery.result import _set_task_join_will_block
+from kombu.asynchronous import set_event_loop
 from prometheus_client import CollectorRegistry
 
 from celery_funnel import prometheus, signals
@@ -74,3 +76,13 @@ def standalone_url(server_pool: ServerPool) -> str:
     with redis.Redis.from_url(url) as client:
         client.flushall()
     return url
+
+
+@pytest.fixture(autouse=True)
+def _fresh_worker_state() -> Iterator[None]:
+    """An in-process worker leaves kombu's event loop (whose timer no longer runs) and
+    the "inside a worker" flag behind; older kombu (5.3) hands that hub to the next
+    in-process worker, whose ETA tasks then never fire."""
+    yield
+    _set_task_join_will_block(False)
+    set_event_loop(None)
