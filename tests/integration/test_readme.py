@@ -1,0 +1,35 @@
+"""The README's samples run as written: its "Testing your app" test, against its
+quickstart's ``tasks.py``, in a project folder of their own (CI also runs the quickstart
+itself with the built wheel alone: .ci/quickstart.py)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+
+def block_after(anchor: str) -> str:
+    """The first ```python block after ``anchor`` in the README."""
+    found = re.search(re.escape(anchor) + r"\s*```python\n(.*?)```", README.read_text(), re.S)
+    assert found is not None, f"no python block after {anchor!r} in the README"
+    return found.group(1)
+
+
+def test_the_readme_test_of_the_quickstart_passes(tmp_path: Path) -> None:
+    (tmp_path / "tasks.py").write_text(block_after("<!-- quickstart: tasks.py -->"))
+    (tmp_path / "test_tasks.py").write_text(block_after("A test of the quickstart's `tasks.py`:"))
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:celery"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout
