@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from .._errors import BackendConfigurationError, BackendError
 from .._keys import funnel_key, tickets_key
@@ -28,6 +28,8 @@ ACL_COMMANDS = (
     "zremrangebyscore", "scan", "type", "pttl", "info", "role", "config|get",
 )  # fmt: skip
 EVICTING = ("allkeys-", "volatile-")
+# a Cluster client raises RedisClusterException (not a RedisError) for what it cannot route
+Refused = (RedisError, RedisClusterException)
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ def _scripts(funnel: RedisFunnel, prefix: str) -> Finding | None:
         for _, call in calls:
             call()
         funnel.client.delete(gcra, tickets_key(gcra), fixed, log, window)
-    except (BackendError, BackendConfigurationError, RedisError) as exc:
+    except (BackendError, BackendConfigurationError, *Refused) as exc:
         return _error("scripts", "the funnel scripts on scratch keys under the prefix", exc)
     return None
 
@@ -94,7 +96,7 @@ def _info(client: Any, section: str) -> dict[str, Any]:
 def _replica(client: Any) -> Finding | None:
     try:
         role = client.execute_command("ROLE")
-    except RedisError:
+    except Refused:
         return None  # ROLE refused: the scripts' writes tell a replica anyway
     first = role[0] if isinstance(role, list) and role else b""
     if (first.decode() if isinstance(first, bytes) else str(first)) in ("slave", "replica"):
@@ -107,7 +109,7 @@ def _replica(client: Any) -> Finding | None:
 def _eviction(client: Any) -> Finding | None:
     try:
         policy = str(_info(client, "memory").get("maxmemory_policy", ""))
-    except RedisError as exc:
+    except Refused as exc:
         return Finding("note", "eviction", f"cannot read maxmemory-policy ({exc}): make sure"
                        " it is noeviction")  # fmt: skip
     if policy.startswith(EVICTING):
@@ -124,7 +126,7 @@ def _persistence(client: Any) -> Finding | None:
     try:
         aof = str(_info(client, "persistence").get("aof_enabled", "0")) == "1"
         save = client.config_get("save").get("save", "") if not aof else "aof"
-    except RedisError:
+    except Refused:
         return None  # CONFIG refused (managed Redis): nothing to say
     if not aof and not save:
         return Finding(
@@ -141,7 +143,7 @@ def check(funnel: RedisFunnel, prefix: str) -> list[Finding]:
     client = funnel.client
     try:
         client.ping()
-    except RedisError as exc:
+    except Refused as exc:
         return [_error("connection", "PING", exc)]
     findings = [_scripts(funnel, prefix), _replica(client)]
     if findings[0] is not None and findings[0].message.find("replica") >= 0:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
 from .._errors import BackendConfigurationError, BackendError, ConfigurationError
 from .._keys import tickets_key
@@ -20,7 +20,7 @@ US = 1_000_000
 DEFAULT_TIMEOUT_SECONDS = 2.0
 
 
-def failure(doing: str, error: RedisError) -> BackendError | BackendConfigurationError:
+def failure(doing: str, error: Exception) -> BackendError | BackendConfigurationError:
     """The package's error for a Redis ``error`` met while ``doing`` something: a
     ``BackendConfigurationError`` saying what to fix for a configuration fault, else a
     ``BackendError`` (an outage)."""
@@ -68,7 +68,7 @@ class RedisFunnel(Funnel):
             except NoScriptError:
                 self.client.script_load(script.source)
                 reply = self.client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-        except RedisError as exc:
+        except (RedisError, RedisClusterException) as exc:  # the latter: a slot not covered
             raise failure(f"running {script.name}.lua", exc) from exc
         return reply if isinstance(reply, list) else [reply]
 
