@@ -211,3 +211,20 @@ def test_an_evicting_policy_warns_at_worker_start_and_in_check(
         done = cli(server.url, "app:", "check")
         assert done.returncode == 0, done.stderr
         assert "warning: maxmemory-policy is allkeys-lru" in done.stdout
+
+
+def test_check_reports_an_acl_gap_with_the_line_that_fixes_it(server: RedisServer) -> None:
+    admin = redis.Redis(port=server.port)
+    admin.execute_command(*acl_line("app:", "fun").replace(">PASSWORD", ">pw").split())
+    admin.close()
+    url = f"redis://fun:pw@127.0.0.1:{server.port}/0"
+    done = cli(url, "app:", "check")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ok: celery-funnel can keep its funnels in this Redis" in done.stdout
+    assert "fun:****@" in done.stdout  # the URL shown, its password masked
+    assert "pw@" not in done.stdout
+    done = cli(url, "other:", "check")  # its keys are outside the user's ~app:*
+    assert done.returncode == 1
+    (error,) = [line for line in done.stdout.splitlines() if ": error: " in line]
+    assert "ACL user lacks a permission" in error
+    assert "ACL SETUSER funnel on >PASSWORD resetkeys ~other:* -@all +evalsha" in done.stdout
