@@ -7,6 +7,7 @@ and the window strategies) or a ``Reservation`` (``reserve``).
 
 from ._decision import Decision, Reservation
 from ._errors import (
+    BackendConfigurationError,
     BackendError,
     ConfigurationError,
     CostTooHighError,
@@ -23,6 +24,7 @@ from .strategies.reservation import Shape
 from .task import FunnelTask
 
 __all__ = [
+    "BackendConfigurationError",
     "BackendError",
     "ConfigurationError",
     "CostTooHighError",
