@@ -17,6 +17,7 @@ from contextlib import contextmanager
 
 import redis
 
+from .._keys import task_key, tickets_key
 from .._rate import Rate
 from ..testing import CeleryWorkers, RedisServer, peak
 
@@ -95,7 +96,8 @@ def run(rate_text: str, capacity: int, workers: int, tasks: int, url: str | None
     rate = Rate.parse(rate_text)
     with _redis(url) as redis_url:
         client = redis.Redis.from_url(redis_url)
-        client.delete(STARTS, "funnel:demo.job")
+        funnel = task_key("funnel:", "demo.job")
+        client.delete(STARTS, funnel, tickets_key(funnel))
         env = {
             "CELERY_FUNNEL_DEMO_REDIS": redis_url,
             "CELERY_FUNNEL_DEMO_RATE": rate_text,
