@@ -145,10 +145,10 @@ def check(funnel: RedisFunnel, prefix: str) -> list[Finding]:
         client.ping()
     except Refused as exc:
         return [_error("connection", "PING", exc)]
-    findings = [_scripts(funnel, prefix), _replica(client)]
-    if findings[0] is not None and findings[0].message.find("replica") >= 0:
-        findings[1] = None  # one line per problem
-    findings += [_eviction(client), _persistence(client)]
+    scripts = _scripts(funnel, prefix)
+    # a replica refuses the scripts' writes already: one line per problem
+    replica = None if scripts is not None and "replica" in scripts.message else _replica(client)
+    findings = [scripts, replica, _eviction(client), _persistence(client)]
     return [f for f in findings if f is not None]
 
 
