@@ -54,6 +54,8 @@ FLOOR_SCRIPTS = {
     ),
 }
 BIG = 10**9  # funnels that never refuse in a run: every call takes the write path
+# ours per hour: a rate may not be finer than one unit per microsecond
+HOUR = 3600
 
 
 def third_party(client: redis.Redis) -> dict[str, Callable[[], Any]]:
@@ -97,11 +99,11 @@ def limiters(funnel: RedisFunnel) -> dict[str, Callable[[], Any]]:
 
     return {
         **{name: reference(source) for name, source in FLOOR_SCRIPTS.items()},
-        "gcra throttle (admitted)": lambda: funnel.throttle("b:gcra", 10**6, BIG, 1),
+        "gcra throttle (admitted)": lambda: funnel.throttle("b:gcra", 10**6, BIG, HOUR),
         "gcra throttle (refused)": lambda: funnel.throttle("b:gcra-full", 0, 1, 3600),
-        "reserve (admitted)": lambda: funnel.reserve("b:res", 10**6, BIG, 1),
-        "fixed window": lambda: funnel.fixed_window("b:fw", BIG, 60),
-        "sliding window (10 sub-windows)": lambda: funnel.sliding_window("b:sw", BIG, 60),
+        "reserve (admitted)": lambda: funnel.reserve("b:res", 10**6, BIG, HOUR),
+        "fixed window": lambda: funnel.fixed_window("b:fw", BIG, HOUR),
+        "sliding window (10 sub-windows)": lambda: funnel.sliding_window("b:sw", BIG, HOUR),
         # the sliding log's limit is bounded (MAX_LOG_LIMIT): the largest, never reached
         "sliding log (~50 entries)": lambda: funnel.sliding_log("b:log", 10_000, 0.01),
         **third_party(client),
