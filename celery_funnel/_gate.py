@@ -110,6 +110,8 @@ class Step(NamedTuple):
 
 
 RUN = Step(run=True)
+# the least lateness a booked slot is honoured with (seconds); see _late
+LATE_FLOOR_SECONDS = 0.05
 
 
 def label_of(charges: Sequence[Charge]) -> str:
@@ -129,11 +131,14 @@ def _joint(runtime: Runtime, charges: Sequence[Charge]) -> bool:
 
 
 def _late(charges: Sequence[Charge], stale: int) -> float:
-    """One slot's width of the widest funnel, doubled each time the ticket went stale."""
+    """How late a booked slot is still honoured: one slot's width of the widest funnel,
+    at least ``LATE_FLOOR_SECONDS`` (a worker's timer fires a few ms late under load: at
+    100/s a 10 ms window made tasks re-book and waste their slots, 90/s measured), and
+    doubled each time the ticket went stale."""
     widths: list[float] = [
         c.limit.rate.period / c.limit.rate.count * max(c.cost, 1) for c in charges
     ]
-    return max(widths) * 2.0**stale
+    return max(*widths, LATE_FLOOR_SECONDS) * 2.0**stale
 
 
 def decide(
