@@ -27,6 +27,7 @@ from ._limit import Limit, Verdict, check_all
 from ._outage import backoff
 from ._runtime import Runtime
 from ._task_options import HEADER
+from .strategies.reservation import Shape
 
 __all__ = [
     "HEADER",
@@ -141,10 +142,36 @@ def _late(charges: Sequence[Charge], stale: int) -> float:
     return max(*widths, LATE_FLOOR_SECONDS) * 2.0**stale
 
 
+def _book(
+    runtime: Runtime,
+    charges: Sequence[Charge],
+    ticket: str,
+    state: State,
+    redeem: bool,
+    max_wait: float | None,
+) -> Verdict:
+    """GCRA funnels in one reservation under ``ticket``: admitted now, or a slot booked
+    in all of them, but none further than ``max_wait`` seconds away (a task that
+    expires before its slot books nothing)."""
+    shapes = [
+        Shape(c.key, c.limit.capacity - 1, c.limit.rate.count, c.limit.rate.period, c.cost)
+        for c in charges
+    ]
+    r = runtime.funnel.reserve_all(
+        shapes, ticket=ticket, redeem=redeem, late=_late(charges, state.stale), max_wait=max_wait
+    )
+    return Verdict(r.admitted, max(r.delay, 0.0), r.booked, r.never, r.stale)
+
+
 def decide(
-    runtime: Runtime, charges: Sequence[Charge], ticket: str | None, state: State
+    runtime: Runtime,
+    charges: Sequence[Charge],
+    ticket: str | None,
+    state: State,
+    max_wait: float | None = None,
 ) -> tuple[Verdict, tuple[int, ...]]:
-    """The verdict over every charge not yet passed, and the indexes passed after it.
+    """The verdict over every charge not yet passed, and the indexes passed after it;
+    ``max_wait``: book no slot further away (seconds; None: no bound).
 
     Raises:
         BackendError: when the funnel's Redis fails.
@@ -155,21 +182,21 @@ def decide(
     funnel = runtime.funnel
     redeem = ticket is not None and state.booked
     if len(pending) > 1 and _joint(runtime, [c for _, c in pending]):
+        if ticket is not None:
+            joint = [c for _, c in pending]
+            return _book(runtime, joint, ticket, state, redeem, max_wait), state.passed
         limits = [c.limit for _, c in pending]
-        late = _late([c for _, c in pending], state.stale) if ticket else None
         verdict = check_all(
             funnel, limits, [c.key for _, c in pending], [c.cost for _, c in pending],
-            ticket=ticket, redeem=redeem, late=late,
+            ticket=None, redeem=False, late=None,
         )  # fmt: skip
         return verdict, state.passed
     passed = list(state.passed)
     for index, charge in pending:
-        gcra = charge.limit.strategy == "gcra"
-        own = ticket if gcra else None
-        verdict = charge.limit.check(
-            funnel, charge.key, charge.cost, ticket=own, redeem=redeem and own is not None,
-            late=_late([charge], state.stale) if own else None,
-        )  # fmt: skip
+        if ticket is not None and charge.limit.strategy == "gcra":
+            verdict = _book(runtime, [charge], ticket, state, redeem, max_wait)
+        else:
+            verdict = charge.limit.check(funnel, charge.key, charge.cost)
         if not verdict.run:
             return verdict, tuple(passed)
         passed.append(index)
@@ -181,13 +208,15 @@ def decide(
 class Subject:
     """The run being judged: task ``name`` and ``task_id``; ``policy``: its
     ``funnel_on_backend_error``; ``dry_run``; ``eager``: an eager run (no broker to
-    defer through, so "raise" is the only outage answer besides "allow")."""
+    defer through, so "raise" is the only outage answer besides "allow"); ``expires_in``:
+    seconds until it expires, past which no slot is booked for it."""
 
     name: str
     task_id: str
     policy: str
     dry_run: bool = False
     eager: bool = False
+    expires_in: float | None = None  # seconds until the task expires (None: never)
 
 
 def judge(runtime: Runtime, subject: Subject, charges: Sequence[Charge], state: State) -> Step:
@@ -204,7 +233,7 @@ def judge(runtime: Runtime, subject: Subject, charges: Sequence[Charge], state: 
     reserve = settings.reservation and not subject.dry_run
     ticket = subject.task_id if reserve else None
     try:
-        verdict, passed = decide(runtime, charges, ticket, state)
+        verdict, passed = decide(runtime, charges, ticket, state, subject.expires_in)
     except BackendError as error:
         return _outage(runtime, subject, state, error, label)
     runtime.outage.answered()

@@ -18,6 +18,7 @@ timers: the broker delivers them again. Any error in the gate fails that one tas
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -87,10 +88,14 @@ class WorkerGate:
     def _subject(self, request: Any) -> Subject:
         settings = self.runtime.settings
         task = request.task
+        until = _until_expiry(request)
+        expires_in = None if math.isinf(until) else until
         if isinstance(task, FunnelTask):
             policy = policy_of(task, settings.on_backend_error)
-            return Subject(request.name, request.id, policy, dry_run_of(task, settings.dry_run))
-        return Subject(request.name, request.id, settings.on_backend_error, settings.dry_run)
+            dry_run = dry_run_of(task, settings.dry_run)
+        else:
+            policy, dry_run = settings.on_backend_error, settings.dry_run
+        return Subject(request.name, request.id, policy, dry_run, expires_in=expires_in)
 
     def _pass(self, request: Any, charges: Sequence[Charge], state: State) -> Any:
         """Decide ``request`` now: run it, hold it, publish it again, or fail it."""
@@ -132,7 +137,8 @@ class WorkerGate:
 
     def _republish(self, request: Any, charges: Sequence[Charge], step: Step) -> None:
         """Publish the task again for the capped countdown; ack the original after."""
-        countdown = self.runtime.countdowns.countdown(step.delay)
+        # never past its expiry: it then arrives expired, and ends as Celery ends those
+        countdown = min(self.runtime.countdowns.countdown(step.delay), _until_expiry(request))
         try:
             republish(
                 request.task, request._context, request.args, request.kwargs,

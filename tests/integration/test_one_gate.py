@@ -316,3 +316,35 @@ def test_a_gate_error_fails_that_task_and_the_worker_runs_on(
     close_app(app)
     lines = [r for r in caplog.records if failed.id in r.getMessage()]
     assert len(lines) == 1, [r.getMessage() for r in lines]
+
+
+def test_a_task_that_expires_while_it_waits_books_nothing_and_ends_expired(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """1 per 2 s: the second task expires after 1 s, before its slot. It books no slot
+    (the third task takes the one at 2 s, not 4 s) and ends as Celery's expired tasks
+    do: REVOKED, ``task_revoked`` with ``expired=True``."""
+    redis_client.flushall()
+    app = make_app(redis_url, redis_url, funnel_limits={"proj.plain": "1/2s"})
+    revoked: list[dict[str, Any]] = []
+
+    def on_revoked(request: Any = None, **fields: Any) -> None:
+        revoked.append({"id": request.id, **fields})
+
+    signals.task_revoked.connect(on_revoked, weak=False)
+    try:
+        with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+            plain = app.tasks["proj.plain"]
+            first = plain.delay(0)
+            assert first.get(timeout=10) == 0
+            expiring = plain.apply_async((1,), expires=1.0)
+            third = plain.delay(2)
+            assert third.get(timeout=10) == 2
+            wait_for(lambda: expiring.state == "REVOKED")
+    finally:
+        signals.task_revoked.disconnect(on_revoked)
+        close_app(app)
+    starts = {r["args"][0]: r["at"] for r in runs(redis_url)}
+    assert set(starts) == {0, 2}, "the expired task never ran"
+    assert starts[2] - starts[0] < 3.0, "its slot (2 s) went to the next task, not 4 s"
+    assert [(r["id"], r["expired"]) for r in revoked] == [(expiring.id, True)]
