@@ -348,3 +348,20 @@ def test_a_task_that_expires_while_it_waits_books_nothing_and_ends_expired(
     assert set(starts) == {0, 2}, "the expired task never ran"
     assert starts[2] - starts[0] < 3.0, "its slot (2 s) went to the next task, not 4 s"
     assert [(r["id"], r["expired"]) for r in revoked] == [(expiring.id, True)]
+
+
+def test_chunks_pay_the_inner_tasks_funnel_per_item(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """20 items of a 10/s FunnelTask in 4 chunks of 5: each chunk pays 5 units before
+    it starts, so the items take 1.5 s at least (they all ran at once, unthrottled)."""
+    redis_client.flushall()
+    app = make_app(redis_url, redis_url)
+    with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False):
+        chunks = app.tasks["proj.limited"].chunks([(i,) for i in range(20)], 5)
+        results = chunks.apply_async()
+        assert sorted(n for part in results.get(timeout=20) for n in part) == list(range(20))
+    close_app(app)
+    starts = sorted(r["at"] for r in runs(redis_url) if r["name"] == "proj.limited")
+    assert len(starts) == 20
+    assert starts[-1] - starts[0] >= 1.5 - 0.05  # 15 units past the first chunk's 5, at 10/s
