@@ -1,0 +1,228 @@
+"""Parked tasks: deferred messages kept in the funnels' Redis until their release time.
+
+A task deferred for longer than a short threshold is not published again with a long
+countdown (which sits un-acked in a worker's memory and must be re-published before the
+broker's redelivery limit): its message, exactly as it would have been published, is
+written to Redis with its release time, and the broker's copy is acked. Every worker's
+releaser (``releaser.py``) claims due entries with a lease, publishes them to their
+original exchange and routing key, and forgets them. A releaser that dies mid-release
+leaves a lease that runs out; another claims the entry again. Each release carries a
+token: the first copy a worker accepts runs, any other copy of the same release is dropped.
+
+Keys (one hash tag, so one script sees them all on a Redis Cluster)::
+
+    <prefix>{~parked}#due          sorted set  task id -> release time (µs)
+    <prefix>{~parked}#entries      hash        task id -> message (JSON)
+    <prefix>{~parked}#claims       hash        task id -> token of the claiming release
+    <prefix>{~parked}#leases       sorted set  task id -> end of the claim (µs)
+    <prefix>{~parked}#accepted     hash        task id -> token of the accepted copy
+    <prefix>{~parked}#accepted-at  sorted set  task id -> when (µs), to expire the above
+
+An entry records its funnel, Celery priority and arrival time beside the message, so
+that another release order (by priority, or fair between keys) reads the same entries.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from kombu.entity import Queue
+from kombu.messaging import Producer
+from redis.exceptions import RedisError
+
+from ._errors import BackendError
+
+__all__ = ["ParkStore", "Parked", "Release", "capture"]
+
+US = 1_000_000
+TAG = "~parked"
+_NAMES = ("due", "entries", "claims", "leases", "accepted", "accepted-at")
+
+
+@dataclass(frozen=True)
+class Parked:
+    """One parked task, as ``ParkStore.entries`` lists it."""
+
+    task_id: str
+    release_at: float  # seconds since the epoch, the funnels' Redis clock
+    task: str  # the task's name
+    funnel: str  # the funnel(s) that deferred it
+    priority: int | None
+    parked_at: float  # seconds since the epoch
+
+
+@dataclass(frozen=True)
+class Release:
+    """A claimed entry: publish ``message`` to release task ``task_id``; ``token``
+    marks this release (its copies carry it)."""
+
+    task_id: str
+    token: str
+    message: dict[str, Any]
+
+
+class _Capture(Producer):
+    """A producer that keeps the messages it is asked to publish instead of sending them:
+    the message exactly as Celery would publish it (serialized, compressed, headers,
+    properties, exchange, routing key, queues to declare)."""
+
+    def __init__(self, connection: Any) -> None:
+        super().__init__(connection, auto_declare=False)  # type: ignore[no-untyped-call]
+        self.messages: list[dict[str, Any]] = []
+
+    def _publish(  # kombu's signature
+        self, body: bytes, priority: int | None, content_type: str, content_encoding: str,
+        headers: dict[str, Any], properties: dict[str, Any], routing_key: str,
+        mandatory: bool, immediate: bool, exchange: str, declare: list[Any],
+        *args: Any, **kwargs: Any,
+    ) -> None:  # fmt: skip
+        self.messages.append({
+            "body": body if isinstance(body, bytes) else str(body).encode(content_encoding),
+            "content_type": content_type, "content_encoding": content_encoding,
+            "headers": dict(headers or {}), "properties": dict(properties or {}),
+            "priority": priority, "exchange": exchange, "routing_key": routing_key,
+            "declare": [e.name for e in declare or () if isinstance(e, Queue)],
+        })  # fmt: skip
+
+
+def capture(signature: Any, meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The message ``signature.apply_async()`` would publish, without publishing it,
+    with ``meta`` (task, funnel, priority, parked_at) beside it.
+
+    Raises:
+        RuntimeError: when Celery published no task message.
+    """
+    with signature.app.connection_for_write() as connection:
+        producer = _Capture(connection)
+        signature.apply_async(producer=producer)
+    # a task-sent event, when enabled, goes through the same producer: keep the task
+    found = [m for m in producer.messages if "task" in m["headers"] and "id" in m["headers"]]
+    if not found:
+        raise RuntimeError(f"no task message was published for {signature!r}")
+    return {**found[0], "meta": dict(meta)}
+
+
+def encode_message(message: Mapping[str, Any]) -> str:
+    """A captured message as JSON text (the body base64-encoded)."""
+    return json.dumps({**message, "body": base64.b64encode(message["body"]).decode("ascii")})
+
+
+def decode_message(text: str | bytes) -> dict[str, Any]:
+    """The inverse of ``encode_message``."""
+    message: dict[str, Any] = json.loads(text)
+    message["body"] = base64.b64decode(message["body"])
+    return message
+
+
+class ParkStore:
+    """The parked tasks of one app, in the funnels' Redis (``client``, redis-py), under
+    ``prefix`` (``funnel_key_prefix``).
+
+    Raises (every method): ``BackendError`` when Redis fails.
+    """
+
+    def __init__(self, client: Any, prefix: str) -> None:
+        self.client = client
+        self.keys = [f"{prefix}{{{TAG}}}#{name}" for name in _NAMES]
+        self._park = client.register_script(_read("park"))
+        self._claim = client.register_script(_read("park_claim"))
+        self._done = client.register_script(_read("park_done"))
+        self._accept = client.register_script(_read("park_accept"))
+
+    def park(self, task_id: str, wait: float, message: Mapping[str, Any], token: str) -> bool:
+        """Park ``message`` (see ``capture``) for ``wait`` seconds from now (the server's
+        clock). ``token``: the release token the deferred copy carried ("" if none).
+        False when that copy is stale (its task was released and accepted already):
+        the caller drops it."""
+        wait_us = max(round(wait * US), 0)
+        reply = self._run(self._park, 5, task_id, wait_us, encode_message(message), token)
+        return bool(reply[0])
+
+    def claim(
+        self, lead: float, lease: float, limit: int, keep: float
+    ) -> tuple[float, float, list[Release]]:
+        """Claim up to ``limit`` entries due within ``lead`` seconds (and any whose lease
+        ran out) for ``lease`` seconds; forget acceptance records older than ``keep``
+        seconds. Returns the next release time and the server's time (epoch seconds;
+        the next release is -1 when nothing waits), and the claims."""
+        token = uuid.uuid4().hex
+        args = (round(lead * US), round(lease * US), limit, token, round(keep * US))
+        reply = self._run(self._claim, 6, *args)
+        pairs = zip(reply[2::2], reply[3::2], strict=True)
+        releases = [Release(_text(i), token, decode_message(m)) for i, m in pairs]
+        following = float(reply[0]) / US if int(reply[0]) >= 0 else -1.0
+        return following, float(reply[1]) / US, releases
+
+    def done(self, release: Release) -> bool:
+        """``release`` was published: forget its entry (unless parked again since)."""
+        return bool(self._run(self._done, 4, release.task_id, release.token)[0])
+
+    def accept(self, task_id: str, token: str, *, drop: bool = False) -> bool:
+        """A worker received a copy of a release: True to run it, False when another copy
+        of the same release was accepted (drop this one). ``drop``: the task was
+        revoked; record the release as done and run nothing."""
+        return bool(self._run(self._accept, 6, task_id, token, "drop" if drop else "")[0])
+
+    def count(self) -> int:
+        """How many tasks are parked (claimed ones included)."""
+        return int(self._call("HLEN", self.keys[1]))
+
+    def entries(self, limit: int = 1000) -> list[Parked]:
+        """Up to ``limit`` parked tasks, the next to be released first."""
+        pairs = self._call_method("zrange", self.keys[0], 0, limit - 1, withscores=True)
+        found: list[Parked] = []
+        if not pairs:
+            return found
+        texts = self._call("HMGET", self.keys[1], *[i for i, _ in pairs])
+        for (task_id, score), text in zip(pairs, texts, strict=True):
+            if text is not None:
+                meta = decode_message(text)["meta"]
+                found.append(
+                    Parked(_text(task_id), float(score) / US, meta["task"], meta["funnel"],
+                           meta.get("priority"), meta["parked_at"])
+                )  # fmt: skip
+        return found
+
+    def purge(self) -> int:
+        """Delete every parked task (they never run); how many there were."""
+        count = self.count()
+        self._call("DEL", *self.keys[:4])
+        return count
+
+    def iter_keys(self) -> Iterator[str]:
+        """The keys this store writes."""
+        return iter(self.keys)
+
+    def _run(self, script: Any, count: int, *args: Any) -> list[Any]:
+        try:
+            reply = script(keys=self.keys[:count], args=list(args))
+        except RedisError as exc:
+            raise BackendError(f"Redis failed on the parked tasks: {exc}") from exc
+        return reply if isinstance(reply, list) else [reply]
+
+    def _call_method(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return getattr(self.client, name)(*args, **kwargs)
+        except RedisError as exc:
+            raise BackendError(f"Redis failed on the parked tasks: {exc}") from exc
+
+    def _call(self, *command: Any) -> Any:
+        try:
+            return self.client.execute_command(*command)
+        except RedisError as exc:
+            raise BackendError(f"Redis failed on the parked tasks: {exc}") from exc
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _read(name: str) -> str:
+    folder = resources.files("celery_funnel").joinpath("lua")
+    return folder.joinpath(f"{name}.lua").read_text("utf-8")

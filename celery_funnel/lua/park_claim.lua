@@ -1,0 +1,52 @@
+-- park_claim.lua: a releaser claims the parked tasks that are due, with a lease.
+--
+-- KEYS[1..5]  due, entries, claims, leases, accepted (as in park.lua)
+-- KEYS[6]     accepted-at: sorted set, task id -> when it was accepted (microseconds)
+-- ARGV[1]     lead, microseconds: claim tasks due up to this long from now (the gate
+--             holds an early arrival until its slot)
+-- ARGV[2]     lease, microseconds: a claim not completed by then is claimed again
+-- ARGV[3]     at most this many tasks
+-- ARGV[4]     a token unique to this call (the released copies carry it)
+-- ARGV[5]     keep acceptance records this long, microseconds
+-- Reply       {next release time or -1, now, id1, message1, id2, message2, ...}
+-- Work per call is bounded by ARGV[3] (claims) and 100 (expired records dropped).
+
+local due, entries, claims, leases, accepted, accepted_at = unpack(KEYS)
+local clock = redis.call('TIME')
+local now = clock[1] * 1000000 + clock[2]
+local limit = tonumber(ARGV[3])
+local reply = {-1, now}
+local function claim(id)
+  local message = redis.call('HGET', entries, id)
+  redis.call('ZREM', due, id)
+  if not message then
+    redis.call('ZREM', leases, id)
+    redis.call('HDEL', claims, id)
+    return
+  end
+  redis.call('ZADD', leases, now + tonumber(ARGV[2]), id)
+  redis.call('HSET', claims, id, ARGV[4])
+  reply[#reply + 1] = id
+  reply[#reply + 1] = message
+end
+-- a releaser that died mid-release: its leases ran out, claim those again first
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', leases, '-inf', now, 'LIMIT', 0, limit)) do
+  claim(id)
+end
+local room = limit - (#reply - 2) / 2
+if room > 0 then
+  local horizon = now + tonumber(ARGV[1])
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', due, '-inf', horizon, 'LIMIT', 0, room)) do
+    claim(id)
+  end
+end
+local first = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
+if first[2] then
+  reply[1] = tonumber(first[2])
+end
+local old = redis.call('ZRANGEBYSCORE', accepted_at, '-inf', now - tonumber(ARGV[5]), 'LIMIT', 0, 100)
+if #old > 0 then
+  redis.call('ZREM', accepted_at, unpack(old))
+  redis.call('HDEL', accepted, unpack(old))
+end
+return reply

@@ -1,0 +1,143 @@
+"""The releaser: every worker publishes the parked tasks that are due (a consumer bootstep
+running one thread in the worker's main process; no leader, nothing else to deploy).
+
+Each pass claims the entries due within ``lead`` seconds, with a lease, publishes each to
+its original exchange and routing key with the release token in its ``celery_funnel``
+header, and forgets it. A revoked task is dropped instead. An entry whose releaser died
+before forgetting it is claimed again once its lease runs out; the worker gate runs only
+the first copy of a release it sees (``ParkStore.accept``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from celery import bootsteps
+from celery.worker import state as worker_state
+
+from ._park import ParkStore, Release
+from ._task_options import HEADER
+
+__all__ = ["Releaser", "ReleaserStep", "park_store", "publish"]
+
+logger = logging.getLogger("celery_funnel")
+
+LEAD_SECONDS = 1.0  # released this early: the gate holds an early arrival to its slot
+LEASE_SECONDS = 30.0  # a releaser that dies mid-release is replaced after this long
+BATCH = 100  # entries claimed per pass
+KEEP_SECONDS = 3600.0  # acceptance records, against copies of a release published twice
+IDLE_SECONDS = 1.0  # the longest pause between two passes
+ERROR_PAUSE_SECONDS = 2.0
+
+
+def publish(app: Any, release: Release) -> None:
+    """Publish a claimed entry as it was captured, with the release token added.
+
+    Raises:
+        Exception: what the broker's publish raises.
+    """
+    message = release.message
+    headers = dict(message["headers"])
+    headers[HEADER] = {**(headers.get(HEADER) or {}), "release": release.token}
+    properties = dict(message["properties"])
+    delivery_mode = properties.pop("delivery_mode", None)
+    queues = app.amqp.queues
+    declare = [queues[name] for name in message["declare"] if name in queues]
+    with app.producer_or_acquire() as producer:
+        producer.publish(
+            message["body"], exchange=message["exchange"], routing_key=message["routing_key"],
+            headers=headers, content_type=message["content_type"],
+            content_encoding=message["content_encoding"], priority=message["priority"],
+            delivery_mode=delivery_mode, declare=declare, retry=True,
+            retry_policy={"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5},
+            **properties,
+        )  # fmt: skip
+
+
+class Releaser:
+    """Releases the app's due parked tasks from ``store`` until ``stop()``."""
+
+    def __init__(self, app: Any, store: ParkStore, lead: float = LEAD_SECONDS) -> None:
+        self.app, self.store, self.lead = app, store, lead
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="celery-funnel-releaser")
+        self._thread.daemon = True
+        self._failing = False
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        pause = 0.0
+        while not self._stopped.wait(pause):
+            try:
+                pause = self.tick()
+            except Exception as exc:  # a failed pass is tried again, after a pause
+                if not self._failing:
+                    logger.warning("celery-funnel: releasing parked tasks failed: %s", exc)
+                self._failing, pause = True, ERROR_PAUSE_SECONDS
+            else:
+                if self._failing:
+                    logger.warning("celery-funnel: releasing parked tasks works again")
+                self._failing = False
+
+    def _drop(self, release: Release) -> None:
+        """A revoked task: never published; its result says REVOKED, as Celery's would."""
+        self.store.accept(release.task_id, release.token, drop=True)
+        self.app.backend.mark_as_revoked(release.task_id, "revoked while parked")
+        logger.info("celery-funnel: parked task %s was revoked: dropped", release.task_id)
+
+    def tick(self) -> float:
+        """One pass; how long to pause before the next (seconds)."""
+        following, now, releases = self.store.claim(self.lead, LEASE_SECONDS, BATCH, KEEP_SECONDS)
+        for release in releases:
+            if release.task_id in worker_state.revoked:
+                self._drop(release)
+                continue
+            publish(self.app, release)
+            self.store.done(release)
+        if len(releases) == BATCH:
+            return 0.0
+        if following < 0:
+            return IDLE_SECONDS
+        return min(max(following - self.lead - now, 0.01), IDLE_SECONDS)
+
+
+def park_store(app: Any) -> ParkStore | None:
+    """The app's parked tasks (None when parking is off)."""
+    from ._runtime import runtime_for  # noqa: PLC0415 - the runtime imports the gates
+
+    runtime = runtime_for(app)
+    if not getattr(runtime.settings, "park", True):
+        return None
+    return ParkStore(runtime.funnel.client, runtime.settings.key_prefix)  # type: ignore[attr-defined]
+
+
+class ReleaserStep(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Consumer bootstep: runs a ``Releaser`` while the consumer runs (parking on)."""
+
+    label = "celery-funnel releaser"
+
+    def __init__(self, consumer: Any, **kwargs: Any) -> None:
+        super().__init__(consumer, **kwargs)
+        self.releaser: Releaser | None = None
+
+    def start(self, consumer: Any) -> None:
+        store = park_store(consumer.app)
+        if store is not None and self.releaser is None:
+            self.releaser = Releaser(consumer.app, store)
+            self.releaser.start()
+
+    def stop(self, consumer: Any) -> None:
+        if self.releaser is not None:
+            self.releaser.stop()
+            self.releaser = None
+
+    shutdown = stop

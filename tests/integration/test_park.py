@@ -1,0 +1,149 @@
+"""Parked tasks on a real Redis: the store's exactly-once rules, and a real worker's
+releaser publishing what was parked, at its time, once."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery, signals
+from celery.contrib.testing.worker import start_worker
+from celery.worker import state as worker_state
+
+from celery_funnel._park import ParkStore, capture
+from celery_funnel.releaser import ReleaserStep
+from tests.integration.proj import close_app, make_app, runs
+from tests.polling import wait_for
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def store(redis_client: redis.Redis) -> ParkStore:
+    return ParkStore(redis_client, f"test-{uuid.uuid4().hex[:8]}:")
+
+
+def message(n: int = 0) -> dict[str, Any]:
+    return {
+        "body": b"{}", "content_type": "application/json", "content_encoding": "utf-8",
+        "headers": {"task": "t", "id": f"id{n}"}, "properties": {}, "priority": None,
+        "exchange": "", "routing_key": "q", "declare": [],
+        "meta": {"task": "t", "funnel": "f", "priority": None, "parked_at": time.time()},
+    }  # fmt: skip
+
+
+def test_an_entry_is_claimed_once_when_due_and_forgotten_when_published(
+    store: ParkStore,
+) -> None:
+    assert store.park("a", 0.3, message(), "")
+    _, _, early = store.claim(0.0, 30.0, 10, 3600.0)
+    assert early == []
+    wait_for(lambda: store.claim(0.0, 30.0, 10, 3600.0)[2] == [], 1)  # not due yet: none
+    time.sleep(0.3)  # the release time, on the server's clock
+    _, _, (release,) = store.claim(0.0, 30.0, 10, 3600.0)
+    assert release.task_id == "a"
+    assert release.message["body"] == b"{}"
+    assert store.claim(0.0, 30.0, 10, 3600.0)[2] == [], "claimed: not handed out twice"
+    assert store.done(release)
+    assert store.count() == 0
+
+
+def test_a_lapsed_lease_is_claimed_again_and_only_one_copy_runs(store: ParkStore) -> None:
+    store.park("a", 0.0, message(), "")
+    _, _, (first,) = store.claim(0.0, 0.05, 10, 3600.0)  # this releaser dies after publishing
+    time.sleep(0.06)
+    _, _, (second,) = store.claim(0.0, 30.0, 10, 3600.0)
+    assert second.task_id == "a"
+    assert first.token != second.token
+    assert store.accept("a", first.token), "the first copy a worker sees runs"
+    assert store.accept("a", first.token), "the same copy delivered again by the broker runs"
+    assert not store.accept("a", second.token), "the other copy is dropped"
+    assert store.count() == 0, "accepting completed the release"
+
+
+def test_a_stale_copy_of_an_accepted_task_is_not_parked_again(store: ParkStore) -> None:
+    store.park("a", 0.0, message(), "")
+    _, _, (release,) = store.claim(0.0, 30.0, 10, 3600.0)
+    store.done(release)
+    assert store.accept("a", release.token)
+    assert not store.park("a", 5.0, message(), ""), "the broker's original, delivered again"
+    assert store.park("a", 5.0, message(), release.token), "the released copy, deferred again"
+    assert store.count() == 1
+
+
+def test_parking_again_keeps_one_entry_and_voids_the_old_claim(store: ParkStore) -> None:
+    store.park("a", 0.0, message(), "")
+    _, _, (old,) = store.claim(0.0, 30.0, 10, 3600.0)
+    store.park("a", 0.0, message(1), "")
+    assert not store.done(old), "an old claim does not forget the newer entry"
+    _, _, (new,) = store.claim(0.0, 30.0, 10, 3600.0)
+    assert new.message["headers"]["id"] == "id1"
+
+
+def test_claims_are_bounded_and_in_release_order(store: ParkStore) -> None:
+    for n in range(30):
+        store.park(f"t{n:02}", 0.001 * (30 - n), message(n), "")
+    time.sleep(0.05)
+    _, _, batch = store.claim(0.0, 30.0, 10, 3600.0)
+    assert [r.task_id for r in batch] == [f"t{n:02}" for n in range(29, 19, -1)]
+    assert [p.task_id for p in store.entries()][:3] == ["t19", "t18", "t17"]
+
+
+@pytest.fixture
+def app(redis_url: str, redis_client: redis.Redis) -> Iterator[Celery]:
+    redis_client.flushall()
+    app = make_app(redis_url, redis_url)
+    app.steps["consumer"].add(ReleaserStep)
+    yield app
+    close_app(app)
+
+
+def park_task(app: Celery, store: ParkStore, wait: float, n: int) -> str:
+    signature = app.tasks["proj.plain"].s(n).set(task_id=uuid.uuid4().hex)
+    meta = {"task": "proj.plain", "funnel": "f", "priority": None, "parked_at": time.time()}
+    assert store.park(signature.id, wait, capture(signature, meta), "")
+    return str(signature.id)
+
+
+def test_a_worker_releases_parked_tasks_at_their_time_once(
+    app: Celery, redis_url: str, redis_client: redis.Redis
+) -> None:
+    store = ParkStore(redis_client, "funnel:")
+    parked_at = time.time()
+    ids = [park_task(app, store, 1.5, n) for n in range(3)]
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        wait_for(lambda: len(runs(redis_url)) == 3, 20)
+    recorded = runs(redis_url)
+    assert sorted(r["id"] for r in recorded) == sorted(ids), "each ran once"
+    # released up to a second early (the gate holds an early arrival); never late
+    assert all(r["at"] >= parked_at + 1.5 - 1.0 for r in recorded)
+    assert store.count() == 0
+
+
+def test_a_revoked_parked_task_never_runs(
+    app: Celery, redis_url: str, redis_client: redis.Redis
+) -> None:
+    store = ParkStore(redis_client, "funnel:")
+    revoked = park_task(app, store, 3.0, 0)
+    kept = park_task(app, store, 3.0, 1)
+    received: list[str] = []
+
+    def on_received(request: Any, **_: Any) -> None:
+        received.append(request.id)
+
+    signals.task_received.connect(on_received, weak=False)
+    try:
+        with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+            app.control.revoke(revoked)
+            wait_for(lambda: revoked in worker_state.revoked, 5)  # before its release
+            wait_for(lambda: len(runs(redis_url)) == 1, 20)
+            wait_for(lambda: store.count() == 0, 5)
+    finally:
+        signals.task_received.disconnect(on_received)
+    assert [r["id"] for r in runs(redis_url)] == [kept]
+    assert received == [kept], "the revoked task was dropped, not published"
+    assert app.AsyncResult(revoked).state == "REVOKED"
