@@ -12,7 +12,7 @@ from redis.exceptions import RedisError
 
 from . import strategies
 from ._errors import BackendConfigurationError, BackendError
-from ._keys import FunnelKey, parse_key, scan_pattern, tickets_key
+from ._keys import FunnelKey, is_parked_key, parse_key, scan_pattern, tickets_key
 from ._limit import Limit
 from ._runtime import Runtime
 from ._task_options import limits_of
@@ -31,6 +31,7 @@ class Found:
     def __init__(self) -> None:
         self.keys: list[FunnelKey] = []
         self.foreign = 0
+        self.parked = 0  # keys of the parked tasks (shown apart)
 
     @property
     def funnels(self) -> list[FunnelKey]:
@@ -44,7 +45,9 @@ def find(client: Any, prefix: str, name: str = "") -> Found:
     found = Found()
     for raw in client.scan_iter(match=scan_pattern(prefix, name), count=1000):
         parsed = parse_key(prefix, raw)
-        if parsed is None or (name and not parsed.in_family(name)):
+        if parsed is None and is_parked_key(prefix, raw):
+            found.parked += 1
+        elif parsed is None or (name and not parsed.in_family(name)):
             found.foreign += 1
         else:
             found.keys.append(parsed)

@@ -16,6 +16,12 @@ name is ``<task>`` and each limit's key is ``:<index>[:<key part>]`` after it. A
 worker-wide ``funnel_limits`` entry is ``limit:<pattern>``, or
 ``limit:<pattern>:<worker>`` with ``"scope": "worker"``.
 
+Parked tasks (``_park``) share one tag of their own, ``{~parked}`` (no funnel name
+starts with ``~``): ``<prefix>{~parked}#due``, ``#entries``, ``#claims``, ``#leases``,
+``#accepted``, ``#accepted-at``, ``#labels`` and ``#counts``. They are tasks, not
+funnel state: ``parse_key`` does not take them, so ``reset`` never deletes them
+(``purge`` does).
+
 Keys of the layout before 0.3 (``{<key>}:tickets``, ``{<key>}:<n>`` sliding-window
 counters) are never read again and expire by themselves (at most one period).
 """
@@ -33,7 +39,9 @@ __all__ = [
     "funnel_key",
     "glob_escape",
     "hash_tag",
+    "is_parked_key",
     "limit_key",
+    "parked_keys",
     "parse_key",
     "safe_part",
     "scan_pattern",
@@ -130,6 +138,23 @@ def limit_key(prefix: str, pattern: str | None, worker: str = "") -> str:
     or per ``pattern`` and ``worker`` (a node name) for ``"scope": "worker"``."""
     name = f"{LIMIT_NAME}:{_safe_name(pattern or '*')}"
     return funnel_key(prefix, f"{name}:{_safe_name(worker)}" if worker else name)
+
+
+PARKED_TAG = "~parked"
+PARKED_PARTS = (
+    "due", "entries", "claims", "leases", "accepted", "accepted-at", "labels", "counts",
+)  # fmt: skip
+
+
+def parked_keys(prefix: str) -> list[str]:
+    """The keys of the parked tasks under ``prefix``, in ``PARKED_PARTS`` order."""
+    return [f"{prefix}{{{PARKED_TAG}}}{COMPANION_MARK}{part}" for part in PARKED_PARTS]
+
+
+def is_parked_key(prefix: str, key: str | bytes) -> bool:
+    """Whether ``key`` is one of the parked tasks' keys under ``prefix``."""
+    text = key.decode("ascii", "replace") if isinstance(key, bytes) else key
+    return text in parked_keys(prefix)
 
 
 def glob_escape(text: str) -> str:

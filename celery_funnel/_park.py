@@ -27,7 +27,7 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -37,12 +37,13 @@ from kombu.messaging import Producer
 from redis.exceptions import RedisError
 
 from ._errors import BackendError
+from ._keys import parked_keys
 
 __all__ = ["ParkStore", "Parked", "Release", "capture"]
 
 US = 1_000_000
-TAG = "~parked"
-_NAMES = ("due", "entries", "claims", "leases", "accepted", "accepted-at")
+PAGE = 500  # entries read per round trip
+PAGES = 200  # pages of the release order a listing reads at most
 
 
 @dataclass(frozen=True)
@@ -129,19 +130,21 @@ class ParkStore:
 
     def __init__(self, client: Any, prefix: str) -> None:
         self.client = client
-        self.keys = [f"{prefix}{{{TAG}}}#{name}" for name in _NAMES]
-        self._park = client.register_script(_read("park"))
-        self._claim = client.register_script(_read("park_claim"))
-        self._done = client.register_script(_read("park_done"))
-        self._accept = client.register_script(_read("park_accept"))
+        self.keys = parked_keys(prefix)
+        prelude = _read("_parked")
+        self._park, self._claim, self._done, self._accept, self._purge = (
+            client.register_script(prelude + _read(name))
+            for name in ("park", "park_claim", "park_done", "park_accept", "park_purge")
+        )
 
     def park(self, task_id: str, wait: float, message: Mapping[str, Any], token: str) -> bool:
         """Park ``message`` (see ``capture``) for ``wait`` seconds from now (the server's
-        clock). ``token``: the release token the deferred copy carried ("" if none).
-        False when that copy is stale (its task was released and accepted already):
-        the caller drops it."""
+        clock), counted under its ``meta["funnel"]`` label. ``token``: the release token
+        the deferred copy carried ("" if none). False when that copy is stale (its task
+        was released and accepted already): the caller drops it."""
         wait_us = max(round(wait * US), 0)
-        reply = self._run(self._park, 5, task_id, wait_us, encode_message(message), token)
+        label = str(message["meta"]["funnel"])
+        reply = self._run(self._park, task_id, wait_us, encode_message(message), token, label)
         return bool(reply[0])
 
     def claim(
@@ -153,7 +156,7 @@ class ParkStore:
         the next release is -1 when nothing waits), and the claims."""
         token = uuid.uuid4().hex
         args = (round(lead * US), round(lease * US), limit, token, round(keep * US))
-        reply = self._run(self._claim, 6, *args)
+        reply = self._run(self._claim, *args)
         pairs = zip(reply[2::2], reply[3::2], strict=True)
         releases = [Release(_text(i), token, decode_message(m)) for i, m in pairs]
         following = float(reply[0]) / US if int(reply[0]) >= 0 else -1.0
@@ -161,47 +164,61 @@ class ParkStore:
 
     def done(self, release: Release) -> bool:
         """``release`` was published: forget its entry (unless parked again since)."""
-        return bool(self._run(self._done, 4, release.task_id, release.token)[0])
+        return bool(self._run(self._done, release.task_id, release.token)[0])
 
     def accept(self, task_id: str, token: str, *, drop: bool = False) -> bool:
         """A worker received a copy of a release: True to run it, False when another copy
         of the same release was accepted (drop this one). ``drop``: the task was
         revoked; record the release as done and run nothing."""
-        return bool(self._run(self._accept, 6, task_id, token, "drop" if drop else "")[0])
+        return bool(self._run(self._accept, task_id, token, "drop" if drop else "")[0])
 
     def count(self) -> int:
-        """How many tasks are parked (claimed ones included)."""
+        """How many tasks are parked (those being released included)."""
         return int(self._call("HLEN", self.keys[1]))
 
-    def entries(self, limit: int = 1000) -> list[Parked]:
-        """Up to ``limit`` parked tasks, the next to be released first."""
-        pairs = self._call_method("zrange", self.keys[0], 0, limit - 1, withscores=True)
+    def counts(self) -> dict[str, int]:
+        """How many tasks each funnel label holds parked."""
+        raw = self._call_method("hgetall", self.keys[7])
+        return {_text(k): int(v) for k, v in raw.items() if int(v) > 0}
+
+    def entries(self, limit: int = 1000, label: str | None = None) -> list[Parked]:
+        """Up to ``limit`` parked tasks (of funnel ``label`` only, when given), the next to
+        be released first; at most ``PAGES`` pages of the release order are read."""
         found: list[Parked] = []
-        if not pairs:
-            return found
-        texts = self._call("HMGET", self.keys[1], *[i for i, _ in pairs])
-        for (task_id, score), text in zip(pairs, texts, strict=True):
-            if text is not None:
-                meta = decode_message(text)["meta"]
-                found.append(
-                    Parked(_text(task_id), float(score) / US, meta["task"], meta["funnel"],
-                           meta.get("priority"), meta["parked_at"])
-                )  # fmt: skip
+        for page in range(PAGES):
+            pairs = self._call_method(
+                "zrange", self.keys[0], page * PAGE, (page + 1) * PAGE - 1, withscores=True
+            )
+            if not pairs:
+                break
+            texts = self._call("HMGET", self.keys[1], *[i for i, _ in pairs])
+            for (task_id, score), text in zip(pairs, texts, strict=True):
+                if text is None:
+                    continue
+                meta = json.loads(text)["meta"]
+                if label is None or meta["funnel"] == label:
+                    found.append(Parked(
+                        _text(task_id), float(score) / US, meta["task"], meta["funnel"],
+                        meta.get("priority"), meta["parked_at"],
+                    ))  # fmt: skip
+                if len(found) >= limit:
+                    return found
         return found
 
-    def purge(self) -> int:
-        """Delete every parked task (they never run); how many there were."""
-        count = self.count()
-        self._call("DEL", *self.keys[:4])
-        return count
+    def purge(self, label: str | None = None, *, release: bool = False) -> int:
+        """Delete the parked tasks (of funnel ``label`` only, when given): they never run;
+        or, with ``release``, make them due now. How many it purged or made due (at most
+        ``PAGE * PAGES`` per call)."""
+        ids = [p.task_id for p in self.entries(PAGE * PAGES, label)]
+        action = "release" if release else "purge"
+        return sum(
+            int(self._run(self._purge, action, *ids[start : start + PAGE])[0])
+            for start in range(0, len(ids), PAGE)
+        )
 
-    def iter_keys(self) -> Iterator[str]:
-        """The keys this store writes."""
-        return iter(self.keys)
-
-    def _run(self, script: Any, count: int, *args: Any) -> list[Any]:
+    def _run(self, script: Any, *args: Any) -> list[Any]:
         try:
-            reply = script(keys=self.keys[:count], args=list(args))
+            reply = script(keys=self.keys, args=list(args))
         except RedisError as exc:
             raise BackendError(f"Redis failed on the parked tasks: {exc}") from exc
         return reply if isinstance(reply, list) else [reply]

@@ -1,28 +1,23 @@
 -- park_accept.lua: a worker received a released copy of a parked task: run it or not.
 --
--- KEYS[1..6]  due, entries, claims, leases, accepted, accepted-at (as in park_claim.lua)
--- ARGV[1]     task id
--- ARGV[2]     the release token the copy carries
--- ARGV[3]     "drop": the task was revoked; record it as done, run nothing
--- Reply       1: run this copy (the first copy accepted, or the same copy delivered
---             again by the broker); 0: another copy of the release was accepted, drop it
+-- KEYS     the eight of _parked.lua
+-- ARGV[1]  task id
+-- ARGV[2]  the release token the copy carries
+-- ARGV[3]  "drop": the task was revoked; record it as done, run nothing
+-- Reply    1: run this copy (the first copy accepted, or the same copy delivered again
+--          by the broker); 0: another copy of the release was accepted, drop it
 -- Accepting also completes a release whose releaser died before it could say so.
 
-local due, entries, claims, leases, accepted, accepted_at = unpack(KEYS)
 local id, token = ARGV[1], ARGV[2]
 local before = redis.call('HGET', accepted, id)
 if before and before ~= token then
   return 0
 end
-local clock = redis.call('TIME')
 redis.call('HSET', accepted, id, token)
-redis.call('ZADD', accepted_at, clock[1] * 1000000 + clock[2], id)
+redis.call('ZADD', accepted_at, server_now(), id)
 local claim = redis.call('HGET', claims, id)
 if claim and claim ~= '' then  -- claimed by a release, one of whose copies is here
-  redis.call('ZREM', due, id)
-  redis.call('ZREM', leases, id)
-  redis.call('HDEL', entries, id)
-  redis.call('HDEL', claims, id)
+  forget(id)
 end
 if ARGV[3] == 'drop' then
   return 0

@@ -1,29 +1,25 @@
 -- park_claim.lua: a releaser claims the parked tasks that are due, with a lease.
 --
--- KEYS[1..5]  due, entries, claims, leases, accepted (as in park.lua)
--- KEYS[6]     accepted-at: sorted set, task id -> when it was accepted (microseconds)
--- ARGV[1]     lead, microseconds: claim tasks due up to this long from now (the gate
---             holds an early arrival until its slot)
--- ARGV[2]     lease, microseconds: a claim not completed by then is claimed again
--- ARGV[3]     at most this many tasks
--- ARGV[4]     a token unique to this call (the released copies carry it)
--- ARGV[5]     keep acceptance records this long, microseconds
--- Reply       {next release time or -1, now, id1, message1, id2, message2, ...}
+-- KEYS     the eight of _parked.lua
+-- ARGV[1]  lead, microseconds: claim tasks due up to this long from now (the gate
+--          holds an early arrival until its slot)
+-- ARGV[2]  lease, microseconds: a claim not completed by then is claimed again
+-- ARGV[3]  at most this many tasks
+-- ARGV[4]  a token unique to this call (the released copies carry it)
+-- ARGV[5]  keep acceptance records this long, microseconds
+-- Reply    {next release time µs or -1, now µs, id1, message1, id2, message2, ...}
 -- Work per call is bounded by ARGV[3] (claims) and 100 (expired records dropped).
 
-local due, entries, claims, leases, accepted, accepted_at = unpack(KEYS)
-local clock = redis.call('TIME')
-local now = clock[1] * 1000000 + clock[2]
+local now = server_now()
 local limit = tonumber(ARGV[3])
 local reply = {-1, now}
 local function claim(id)
   local message = redis.call('HGET', entries, id)
-  redis.call('ZREM', due, id)
   if not message then
-    redis.call('ZREM', leases, id)
-    redis.call('HDEL', claims, id)
+    forget(id)
     return
   end
+  redis.call('ZREM', due, id)
   redis.call('ZADD', leases, now + tonumber(ARGV[2]), id)
   redis.call('HSET', claims, id, ARGV[4])
   reply[#reply + 1] = id

@@ -27,12 +27,12 @@ def store(redis_client: redis.Redis) -> ParkStore:
     return ParkStore(redis_client, f"test-{uuid.uuid4().hex[:8]}:")
 
 
-def message(n: int = 0) -> dict[str, Any]:
+def message(n: int = 0, funnel: str = "f") -> dict[str, Any]:
     return {
         "body": b"{}", "content_type": "application/json", "content_encoding": "utf-8",
         "headers": {"task": "t", "id": f"id{n}"}, "properties": {}, "priority": None,
         "exchange": "", "routing_key": "q", "declare": [],
-        "meta": {"task": "t", "funnel": "f", "priority": None, "parked_at": time.time()},
+        "meta": {"task": "t", "funnel": funnel, "priority": None, "parked_at": time.time()},
     }  # fmt: skip
 
 
@@ -91,6 +91,26 @@ def test_claims_are_bounded_and_in_release_order(store: ParkStore) -> None:
     _, _, batch = store.claim(0.0, 30.0, 10, 3600.0)
     assert [r.task_id for r in batch] == [f"t{n:02}" for n in range(29, 19, -1)]
     assert [p.task_id for p in store.entries()][:3] == ["t19", "t18", "t17"]
+
+
+def test_counts_per_funnel_purge_and_release_now(store: ParkStore) -> None:
+    for n in range(5):
+        store.park(f"a{n}", 60.0, message(n, "emails"), "")
+    for n in range(3):
+        store.park(f"b{n}", 60.0, message(n, "limit:sms.*"), "")
+    store.park("a0", 60.0, message(0, "emails"), "")  # parked again: counted once
+    assert store.counts() == {"emails": 5, "limit:sms.*": 3}
+    assert {p.task_id for p in store.entries(label="limit:sms.*")} == {"b0", "b1", "b2"}
+    assert store.purge("limit:sms.*") == 3
+    assert store.counts() == {"emails": 5}
+    assert store.claim(0.0, 30.0, 10, 3600.0)[2] == []
+    assert store.purge("emails", release=True) == 5
+    _, _, released = store.claim(0.0, 30.0, 10, 3600.0)
+    assert sorted(r.task_id for r in released) == [f"a{n}" for n in range(5)]
+    for release in released:
+        store.done(release)
+    assert store.counts() == {}
+    assert store.count() == 0
 
 
 @pytest.fixture

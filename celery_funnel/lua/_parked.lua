@@ -1,0 +1,32 @@
+-- _parked.lua: prepended to every parked-task script (park*.lua) by _park.py.
+-- KEYS (all eight, always in this order; one hash tag):
+--   due          sorted set  task id -> release time (integer µs since the epoch)
+--   entries      hash        task id -> the message to publish at release (JSON text)
+--   claims       hash        task id -> token of the release that claimed it ("" = none)
+--   leases       sorted set  task id -> end of a releaser's claim (µs)
+--   accepted     hash        task id -> token of the released copy a worker accepted
+--   accepted_at  sorted set  task id -> when it was accepted (µs)
+--   labels       hash        task id -> the funnel(s) that deferred it
+--   counts       hash        label -> how many parked tasks it holds
+local due, entries, claims, leases, accepted, accepted_at, labels, counts = unpack(KEYS)
+
+local function server_now()
+  local clock = redis.call('TIME')
+  return clock[1] * 1000000 + clock[2]
+end
+
+-- the entry is released, dropped or purged: delete it everywhere, count it out
+local function forget(id)
+  redis.call('ZREM', due, id)
+  redis.call('ZREM', leases, id)
+  redis.call('HDEL', entries, id)
+  redis.call('HDEL', claims, id)
+  local label = redis.call('HGET', labels, id)
+  if label then
+    redis.call('HDEL', labels, id)
+    if redis.call('HINCRBY', counts, label, -1) <= 0 then
+      redis.call('HDEL', counts, label)
+    end
+  end
+end
+
