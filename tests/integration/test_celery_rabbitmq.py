@@ -4,7 +4,9 @@ quorum queues. Skipped when RabbitMQ is not there, unless CI is set: then it fai
 from __future__ import annotations
 
 import os
+import re
 import socket
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from kombu.entity import Queue
 
 from celery_funnel.testing import CeleryWorkers, peak
 from tests.integration.proj import close_app, make_app, runs
+from tests.polling import wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.rabbitmq]
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -58,6 +61,72 @@ def test_two_workers_share_one_funnel_on_rabbitmq(
         recorded = [r for r in runs(redis_url) if r["name"] == "proj.limited"]
         assert sorted(r["args"][0] for r in recorded) == list(range(20)), "each ran exactly once"
         assert peak([r["at"] for r in recorded]) <= 11  # 10/s, capacity 1
+    finally:
+        close_app(app)
+        with Connection(amqp_url) as connection:
+            Queue(queue, channel=connection.channel()).delete()
+
+
+def close_connections_of(pid: int) -> int:
+    """Close, on the RabbitMQ side, every AMQP connection of process ``pid`` and its
+    children (a cut connection, not a shutdown); others' connections are left alone.
+    Returns how many were closed."""
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    pids = {pid, *(int(p) for p in children.read_text().split())} if children.exists() else {pid}
+    listing = subprocess.run(
+        ["ss", "-tnpH", "dport = :5672"], capture_output=True, text=True, check=True
+    ).stdout
+    ports = {
+        line.split()[3].rsplit(":", 1)[1]
+        for line in listing.splitlines()
+        if {int(p) for p in re.findall(r"pid=(\d+)", line)} & pids
+    }
+    connections = subprocess.run(
+        ["rabbitmqctl", "list_connections", "pid", "peer_port", "-q", "--no-table-headers"],
+        capture_output=True, text=True, check=True, timeout=30,
+    ).stdout  # fmt: skip
+    closed = 0
+    for line in connections.splitlines():
+        fields = line.split()
+        if len(fields) == 2 and fields[1] in ports:
+            done = subprocess.run(
+                ["rabbitmqctl", "close_connection", fields[0], "celery-funnel test: cut"],
+                capture_output=True, check=False, timeout=30,
+            )  # fmt: skip
+            closed += done.returncode == 0  # it may be gone already: its worker saw a cut
+    return closed
+
+
+def test_connection_cut_while_tasks_are_held_runs_each_once_on_rabbitmq(
+    amqp_url: str, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """16 tasks through 2/s held in the worker gate; the worker's AMQP connections are
+    closed by RabbitMQ while they wait: RabbitMQ delivers the un-acked ones again and
+    the held copies are dropped with the connection (10 of 16 ran twice before)."""
+    redis_client.flushall()
+    queue = f"funnel-test-{uuid.uuid4().hex[:8]}"
+    env = {
+        "FUNNEL_TEST_BROKER": amqp_url,
+        "FUNNEL_TEST_REDIS": redis_url,
+        "FUNNEL_TEST_QUEUE": queue,
+        "FUNNEL_TEST_LIMITS": '{"proj.plain": "2/s"}',
+    }
+    app = make_app(amqp_url, redis_url, queue=queue, task_ignore_result=True)
+    try:
+        with CeleryWorkers("tests.integration.proj", 1, env, "-c", "2", "-Q", queue, cwd=ROOT) as w:
+            w.wait_ready()
+            ids = {app.tasks["proj.plain"].delay(i).id for i in range(16)}
+            wait_for(lambda: len(runs(redis_url)) >= 3, 30)
+            assert close_connections_of(w.processes[0].pid) >= 1
+            wait_for(lambda: len({r["id"] for r in runs(redis_url)}) >= 16, 90)
+            count = len(runs(redis_url))
+            with pytest.raises(AssertionError):  # nothing runs a second time
+                wait_for(lambda: len(runs(redis_url)) > count, 5)
+            logs = w.logs()
+        recorded = [r["id"] for r in runs(redis_url) if r["name"] == "proj.plain"]
+        twice = {i for i in recorded if recorded.count(i) > 1}
+        assert sorted(recorded) == sorted(ids), (twice, logs[-6000:])
+        assert "held task(s) dropped" in logs
     finally:
         close_app(app)
         with Connection(amqp_url) as connection:
