@@ -14,8 +14,10 @@ from typing import Any
 import click
 from celery.bin.base import CeleryCommand, handle_preload_options
 
+from ._cli_parked import parked, parked_summary, purge, release
 from ._cli_view import Failure, Found, at, describe, find, limit_of
 from ._keys import FunnelKey, parse_key
+from ._park import ParkStore
 from ._runtime import Runtime, runtime_for
 from .backends._check import acl_line, check
 from .backends._clients import mask_url
@@ -45,7 +47,9 @@ def _echo_rows(ctx: click.Context, rows: list[dict[str, Any]], as_json: bool) ->
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    columns = ["key", "kind", "rate", "capacity", "remaining", "reset_after", "reservations"]
+    columns = [
+        "key", "kind", "rate", "capacity", "remaining", "reset_after", "reservations", "parked",
+    ]  # fmt: skip
     widths = {c: max([len(c), *(len(str(r.get(c, ""))) for r in rows)]) for c in columns}
     ctx.obj.echo("  ".join(c.ljust(widths[c]) for c in columns))
     for row in rows:
@@ -69,7 +73,17 @@ def status(ctx: click.Context, as_json: bool) -> None:
     runtime, backend = _connect(ctx)
     found = find(backend.client, runtime.settings.key_prefix)
     rows = [describe(backend, k, limit_of(runtime, k)) for k in found.funnels]
+    store = ParkStore(backend.client, runtime.settings.key_prefix)
+    counts = store.counts() if found.parked else {}
+    for row in rows:
+        row["parked"] = counts.get(row["name"], 0)
     _echo_rows(ctx, rows, as_json)
+    if found.parked and not as_json:
+        summary = parked_summary(store)
+        for label, count in sorted(summary["parked"].items()):
+            ctx.obj.echo(f"parked: {count} tasks of {label}")
+        if summary["next_release"]:
+            ctx.obj.echo(f"parked: next release {summary['next_release']}")
     if found.foreign and not as_json:
         ctx.obj.echo(f"({found.foreign} other keys under the prefix are not funnels: left alone)")
 
@@ -187,3 +201,7 @@ def check_command(ctx: click.Context) -> None:
     if any(f.level == "error" for f in findings):
         ctx.exit(1)
     ctx.obj.echo("ok: celery-funnel can keep its funnels in this Redis")
+
+
+for _command in (parked, release, purge):
+    funnel.add_command(_command)
