@@ -15,18 +15,16 @@ the ones already passed are remembered in the task's header and not charged agai
 
 from __future__ import annotations
 
-import os
-import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ._errors import BackendError, CostTooHighError, TooManyDeferralsError
+from ._gate_state import HEADER, State, admitted_by_gate, gate_mark, requeued
 from ._keys import hash_tag
 from ._limit import Limit, Verdict, check_all
 from ._outage import backoff
 from ._runtime import Runtime
-from ._task_options import HEADER
 from .strategies.reservation import Shape
 
 __all__ = [
@@ -42,49 +40,6 @@ __all__ = [
     "report_wait",
     "requeued",
 ]
-
-
-class State(NamedTuple):
-    """What the ``celery_funnel`` header carries from one delivery of a task to the next."""
-
-    deferrals: int = 0  # times deferred so far
-    booked: bool = False  # a slot is booked under the task id
-    stale: int = 0  # times its ticket came too late (the late grace doubles each time)
-    outages: int = 0  # deferrals in a row because the funnel's Redis failed
-    passed: tuple[int, ...] = ()  # funnels already passed (decided one at a time)
-    waited: float = 0.0  # the countdown this message was published with (seconds)
-    requeues: int = 0  # times published again (holds in a worker are not counted)
-
-    @classmethod
-    def from_headers(cls, headers: Mapping[str, Any] | None) -> State:
-        """The state in a message's headers (a fresh one when absent)."""
-        raw = (headers or {}).get(HEADER) or {}
-        return cls(
-            int(raw.get("deferrals", 0)),
-            bool(raw.get("booked")),
-            int(raw.get("stale", 0)),
-            int(raw.get("outages", 0)),
-            tuple(int(i) for i in raw.get("passed") or ()),
-            float(raw.get("waited", 0.0)),
-            int(raw.get("requeues", 0)),
-        )
-
-    def header(self, **more: Any) -> dict[str, Any]:
-        """The header value (JSON-safe), with ``more`` fields."""
-        return {**self._asdict(), "passed": list(self.passed), **more}
-
-
-def gate_mark(pid: int | None = None) -> str:
-    """What the worker gate writes into the header of a run it admitted: its host and
-    process. Only that process (threads, solo) or its pool children (prefork) see the
-    mark as theirs, so a copy carried by a retried message elsewhere means nothing."""
-    return f"{socket.gethostname()}:{os.getpid() if pid is None else pid}"
-
-
-def admitted_by_gate(headers: Mapping[str, Any] | None) -> bool:
-    """Whether this process's worker gate admitted the run with these headers."""
-    mark = ((headers or {}).get(HEADER) or {}).get("gate")
-    return mark is not None and mark in (gate_mark(), gate_mark(os.getppid()))
 
 
 @dataclass(frozen=True)
@@ -287,11 +242,6 @@ def _outage(
     delay = backoff(state.outages, runtime.countdowns.cap)
     after = state._replace(deferrals=state.deferrals + 1, outages=state.outages + 1)
     return Step(run=False, delay=delay, state=after, booked=state.booked, outage=True)
-
-
-def requeued(state: State, countdown: float) -> dict[str, Any]:
-    """The header of a run published again with ``countdown``."""
-    return state._replace(waited=countdown, requeues=state.requeues + 1).header()
 
 
 def report_wait(

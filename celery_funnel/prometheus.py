@@ -9,7 +9,8 @@ in a solo or threads worker, or, with the prefork pool, the multiprocess mode of
     prometheus.enable()
 
 Metrics (label ``funnel``: the task name, or ``limit:<pattern>`` for a worker-wide
-limit; never the per-customer key, so the label stays small):
+limit, or both joined by ``+`` for a run decided over both; never the per-customer
+key, so the label stays small):
 
 - ``celery_funnel_admitted_total{funnel}``: tasks that passed their funnel;
 - ``celery_funnel_deferred_total{funnel,dry_run}``: tasks made to wait;

@@ -7,9 +7,12 @@
 
 The ``sender`` of the task signals is the task's name (``connect(sender="proj.fetch")``
 filters on it); the backend signals are sent by the Celery app. Receivers run in the
-process that made the decision: a pool process for ``FunnelTask``, the worker's main
-process for worker-wide limits (``funnel_limits``). Always accept ``**kwargs``: later
-versions may send more.
+process that made the decision: on a worker, its main process (the worker gate decides
+every run, FunnelTask or not); a pool process only for runs the gate did not decide
+(eager runs, ``funnel_backoff``). ``funnel`` names the funnels of the decision: the
+task's name, ``limit:<pattern>`` for a worker-wide limit, or several joined by ``+``
+when a run is decided over several at once. Always accept ``**kwargs``: later versions
+may send more.
 """
 
 from __future__ import annotations
