@@ -24,6 +24,7 @@ from celery import bootsteps
 
 from ._errors import ConfigurationError
 from ._runtime import runtime_for
+from ._settings import setting_name
 from ._task_options import (
     check_names,
     check_options,
@@ -181,8 +182,7 @@ def uses_funnel(app: Any) -> list[str]:
     found = [
         f"app.conf.{key}"
         for key in list(app.conf)
-        if str(key).lower().removeprefix("celery_").startswith("funnel_")
-        and app.conf[key] is not None
+        if setting_name(key) is not None and app.conf[key] is not None
     ]
     wildcard = _wildcard_names(app)
     for task in list(app.tasks.values()):

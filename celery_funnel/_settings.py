@@ -24,7 +24,7 @@ from ._values import (
     to_bool,
 )
 
-__all__ = ["FunnelSettings", "check_names", "check_policy", "read_setting"]
+__all__ = ["FunnelSettings", "check_names", "check_policy", "read_setting", "setting_name"]
 
 _DEFAULTS: dict[str, Any] = {
     "funnel_redis_url": None,
@@ -49,6 +49,22 @@ def read_setting(conf: Mapping[str, Any], name: str) -> Any:
     return _DEFAULTS[name]
 
 
+def setting_name(key: object) -> str | None:
+    """The ``funnel_*`` name a conf key spells (``CELERY_FUNNEL_X`` -> ``funnel_x``), or
+    None when it is no key of this package. An upper-case ``FUNNEL_*`` key that is no
+    setting and resembles none may belong to another library (a Django project's conf
+    holds every Django setting): it is left alone."""
+    text = str(key)
+    name = text.lower().removeprefix("celery_")
+    if not name.startswith("funnel_"):
+        return None
+    if text.isupper() and not text.startswith("CELERY_") and name not in _DEFAULTS:
+        from ._task_options import OPTIONS  # noqa: PLC0415 - it imports this module
+
+        return name if did_you_mean(name, [*_DEFAULTS, *OPTIONS]) else None
+    return name
+
+
 def check_names(conf: Mapping[str, Any]) -> None:
     """Refuse a ``funnel_*`` key of ``conf`` that is no setting (a misspelling would
     otherwise be ignored), suggesting the setting meant.
@@ -59,19 +75,20 @@ def check_names(conf: Mapping[str, Any]) -> None:
     from ._task_options import OPTIONS  # noqa: PLC0415 - it imports this module
 
     for key in list(conf):
-        name = str(key).lower().removeprefix("celery_")
-        if name.startswith("funnel_") and name not in _DEFAULTS:
-            hint = did_you_mean(name, [*_DEFAULTS, *OPTIONS])
-            if any(f"'{option}'" in hint for option in OPTIONS) or name in OPTIONS:
-                hint += (
-                    " - funnel_rate and the other task options go on a FunnelTask"
-                    " (@app.task(base=FunnelTask, funnel_rate=...)) or in task_annotations;"
-                    " worker-wide limits go in funnel_limits"
-                )
-            raise ConfigurationError(
-                f"app.conf.{key}={conf[key]!r} is not a celery-funnel setting{hint};"
-                f" the settings are {sorted(_DEFAULTS)}"
+        name = setting_name(key)
+        if name is None or name in _DEFAULTS:
+            continue
+        hint = did_you_mean(name, [*_DEFAULTS, *OPTIONS])
+        if any(f"'{option}'" in hint for option in OPTIONS) or name in OPTIONS:
+            hint += (
+                " - funnel_rate and the other task options go on a FunnelTask"
+                " (@app.task(base=FunnelTask, funnel_rate=...)) or in task_annotations;"
+                " worker-wide limits go in funnel_limits"
             )
+        raise ConfigurationError(
+            f"app.conf.{key}={conf[key]!r} is not a celery-funnel setting{hint};"
+            f" the settings are {sorted(_DEFAULTS)}"
+        )
 
 
 def check_policy(name: str, value: Any) -> str:

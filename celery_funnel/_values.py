@@ -57,8 +57,20 @@ _PLAIN = (
 
 def did_you_mean(name: str, known: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest of ``known`` to ``name``, else ``""``."""
-    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    known = list(known)
+    # compare what differs: a shared "funnel_" would make any two names look alike
+    cut = name.rfind("_", 0, _shared_prefix([name, *known])) + 1  # whole words only
+    close = difflib.get_close_matches(name[cut:], [k[cut:] for k in known], n=1, cutoff=0.6)
+    return f" (did you mean {name[:cut] + close[0]!r}?)" if close else ""
+
+
+def _shared_prefix(words: list[str]) -> int:
+    """The length of the prefix every word of ``words`` starts with."""
+    first, last = min(words), max(words)  # the two that differ soonest
+    size = 0
+    while size < len(first) and first[size] == last[size]:
+        size += 1
+    return size
 
 
 def to_bool(where: str, value: Any) -> bool:

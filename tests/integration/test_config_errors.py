@@ -425,7 +425,8 @@ def test_a_celery_worker_without_install_stops_at_start(
 @pytest.mark.parametrize(
     "source",
     [
-        UNINSTALLED.format(imports="", body="", options=""),  # no celery-funnel at all
+        # no celery-funnel at all (a FUNNEL_* setting of some other library aside)
+        UNINSTALLED.format(imports="", body='app.conf.FUNNEL_ANALYTICS_ID = "x"\n', options=""),
         UNINSTALLED.format(
             imports="from celery_funnel import FunnelTask, install\n",
             body='install(app)\napp.conf.funnel_redis_url = os.environ["CFG_BROKER"]\n',

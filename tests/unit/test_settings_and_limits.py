@@ -15,7 +15,7 @@ from celery_funnel._countdown import CountdownPolicy, policy_for
 from celery_funnel._limit import parse_limit, safe_part
 from celery_funnel._settings import FunnelSettings
 from celery_funnel._task_options import limits_of
-from celery_funnel._values import check_plain, format_fields, to_bool
+from celery_funnel._values import check_plain, did_you_mean, format_fields, to_bool
 
 
 @pytest.mark.parametrize(
@@ -175,6 +175,31 @@ def test_misspelled_settings_fail_with_did_you_mean(key: str, suggestion: str) -
     message = str(info.value)
     assert f"app.conf.{key}='x' is not a celery-funnel setting" in message
     assert f"(did you mean {suggestion!r}?)" in message
+
+
+def test_other_librarys_upper_case_funnel_settings_are_left_alone() -> None:
+    """A Django project's conf holds every Django setting: FUNNEL_ANALYTICS_ID may be
+    another library's. Upper case names that resemble a setting are still refused."""
+    settings = FunnelSettings.from_conf({"FUNNEL_ANALYTICS_ID": "x", "FUNNEL_REDIS_URL": "r"})
+    assert settings.redis_url == "r"
+    with pytest.raises(ConfigurationError, match="did you mean 'funnel_redis_url'"):
+        FunnelSettings.from_conf({"FUNNEL_REDIS_URI": "r"})
+    with pytest.raises(ConfigurationError, match="CELERY_FUNNEL_ANALYTICS_ID"):
+        FunnelSettings.from_conf({"CELERY_FUNNEL_ANALYTICS_ID": "x"})
+
+
+@pytest.mark.parametrize(
+    ("name", "known", "hint"),
+    [
+        ("funnel_limit", ["funnel_limits", "funnel_rate"], " (did you mean 'funnel_limits'?)"),
+        ("funnel_analytics_id", ["funnel_limits", "funnel_rate"], ""),  # not "funnel_" alike
+        ("customer", ["customer_id", "n"], " (did you mean 'customer_id'?)"),
+        ("custmer", ["customer", "n"], " (did you mean 'customer'?)"),
+        ("x", [], ""),
+    ],
+)
+def test_did_you_mean(name: str, known: list[str], hint: str) -> None:
+    assert did_you_mean(name, known) == hint
 
 
 def test_task_options_in_app_conf_say_where_they_belong() -> None:
