@@ -28,6 +28,7 @@ from ._settings import setting_name
 from ._task_options import (
     check_names,
     check_options,
+    check_orphans,
     limits_of,
     option_of,
     parameters,
@@ -136,7 +137,9 @@ def _check_task(task: Any, wildcard: set[str]) -> bool:
             raise _not_funnel_task(where, given)
         return False
     check_names(where, {n: getattr(task, n) for n in sorted(names)}, _METHODS)
-    check_options(where, partial(option_of, task), parameters(task.run, bound=False))
+    get = partial(option_of, task)
+    check_options(where, get, parameters(task.run, bound=False))
+    check_orphans(where, get)
     return bool(limits_of(task))
 
 

@@ -1,4 +1,5 @@
-"""A FunnelTask's options turned into limits, and the header it carries between runs."""
+"""A FunnelTask's options: turned into limits, checked (where the task is defined, at the
+call, at worker start), and the header the task carries between runs."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ OPTIONS = (
     "funnel_dry_run",
 )
 _FIELDS = ("rate", "capacity", "strategy", "key", "cost")  # funnel_<field> options
+_DEFAULTS = {"capacity": 1, "strategy": "gcra", "key": None, "cost": 1}  # FunnelTask's
 _ABSTRACT_RUN = Task.__dict__["run"]
 
 
@@ -187,6 +189,24 @@ def check_options(where: str, get: Getter, params: list[str] | None) -> None:
         to_bool(f"{where}: funnel_dry_run", get("funnel_dry_run"))
     if get("funnel_on_backend_error") is not None:
         check_policy(f"{where}: funnel_on_backend_error", get("funnel_on_backend_error"))
+
+
+def check_orphans(where: str, get: Getter) -> None:
+    """Refuse options of the task's own limit given without ``funnel_rate``: they would
+    be ignored. (At worker start only: ``task_annotations`` may give the rate.)
+
+    Raises:
+        ConfigurationError: naming the task, the option and the value.
+    """
+    if get("funnel_rate") is not None:
+        return
+    for field, default in _DEFAULTS.items():
+        value = get(f"funnel_{field}")
+        if value is not None and value != default:
+            raise ConfigurationError(
+                f"{where}: funnel_{field}={value!r} has no effect without funnel_rate: set"
+                f" funnel_rate, or give it to an entry of funnel_limits"
+            )
 
 
 def check_call(task: Any, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None) -> None:

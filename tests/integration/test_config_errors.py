@@ -239,6 +239,10 @@ def make_app(url: str, **conf: Any) -> Celery:
     def plain(n: int = 0) -> int:
         return n
 
+    @app.task(name="cfg.bare", shared=False, base=FunnelTask)  # limits may come by annotation
+    def bare(n: int = 0) -> int:
+        return n
+
     return install(app)
 
 
@@ -275,6 +279,10 @@ def worker_start_error(app: Celery) -> str:
         ]),
         ({"task_annotations": {"cfg.send": {"funnel_key": "{region}"}}}, [
             "task 'cfg.send'", "funnel_key='{region}' names 'region', which is not a parameter",
+        ]),
+        ({"task_annotations": {"cfg.bare": {"funnel_capacity": 5}}}, [
+            "task 'cfg.bare' (defined at {here}:",
+            "funnel_capacity=5 has no effect without funnel_rate",
         ]),
         ({"funnel_dry_run": "nope"}, ["funnel_dry_run must be a boolean", "got 'nope'"]),
         ({"funnel_reservation": "disabled"}, ["funnel_reservation must be a boolean"]),
