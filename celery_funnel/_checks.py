@@ -7,8 +7,8 @@
   and every task after Celery applied ``task_annotations``: unknown ``funnel_*`` names,
   options on tasks that are not FunnelTasks, limits, keys, and a missing
   ``funnel_redis_url``.
-- A ``celery worker`` of an app that uses celery-funnel but never called
-  ``install(app)`` stops at start (``celeryd_init``, see ``_install``).
+- A worker (``celery worker`` or in-process) of an app that uses celery-funnel but
+  never called ``install(app)`` stops at start (``worker_init``, see ``_install``).
 """
 
 from __future__ import annotations
@@ -197,8 +197,8 @@ def uses_funnel(app: Any) -> list[str]:
 
 
 class NotInstalled(bootsteps.Step):  # type: ignore[misc]
-    """Consumer bootstep added to a ``celery worker`` whose app uses celery-funnel
-    without ``install(app)``: it stops the worker at start (a ``celeryd_init``
+    """Consumer bootstep added to a worker whose app uses celery-funnel
+    without ``install(app)``: it stops the worker at start (a ``worker_init``
     receiver cannot: Celery only logs what receivers raise)."""
 
     label = "celery-funnel not installed"

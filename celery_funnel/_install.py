@@ -33,18 +33,19 @@ def install(app: Any) -> Any:
     return app
 
 
-def _check_installed(instance: Any = None, **_: Any) -> None:
-    # Sent by every `celery worker` before its blueprint is built; this module is
-    # imported by every `celery` command (the `celery funnel` entry point imports the
-    # package), so an app that uses celery-funnel without install(app) is caught even
-    # when nothing imports celery_funnel. Celery only logs what a receiver raises: a
-    # consumer bootstep that raises stops the worker instead.
-    app = getattr(instance, "app", None)
+def _check_installed(sender: Any = None, **_: Any) -> None:
+    # worker_init is sent by every worker (`celery worker` and in-process test workers
+    # alike) before its blueprint is built; this module is imported by every `celery`
+    # command (the `celery funnel` entry point imports the package), so an app that
+    # uses celery-funnel without install(app) is caught even when nothing imports
+    # celery_funnel. Celery only logs what a receiver raises: a consumer bootstep that
+    # raises stops the worker instead.
+    app = getattr(sender, "app", None)
     if app is not None and uses_funnel(app) and not runtime_for(app).installed:
         app.steps["consumer"].add(NotInstalled)
 
 
-signals.celeryd_init.connect(_check_installed, dispatch_uid="celery_funnel.installed", weak=False)
+signals.worker_init.connect(_check_installed, dispatch_uid="celery_funnel.installed", weak=False)
 
 
 def _on_worker_init(instance: Any = None, options: Any = None, **_: Any) -> None:

@@ -377,7 +377,39 @@ def test_wildcard_annotations_and_celerys_booleans_start_and_throttle(
         app.close()
 
 
-# --- at `celery worker` start: an app that never called install(app) ---
+# --- at worker start: an app that never called install(app) ---
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize(
+    ("conf", "found"),
+    [
+        ({"funnel_limits": {"cfg.*": "5/s"}}, "app.conf.funnel_limits"),
+        ({}, "FunnelTask 'cfg.send'"),
+        ({"task_annotations": {"cfg.plain": {"funnel_rate": "5/s"}}}, "task 'cfg.plain'"),
+    ],
+    ids=["funnel_limits", "FunnelTask", "annotated"],
+)
+def test_an_in_process_worker_without_install_stops_at_start(
+    standalone_url: str, conf: dict[str, Any], found: str
+) -> None:
+    app = Celery("cfg", broker=standalone_url)
+    app.conf.update(worker_hijack_root_logger=False, **conf)
+    if "funnel_limits" not in conf:
+
+        @app.task(name="cfg.send", shared=False, base=FunnelTask, funnel_rate="5/s")
+        def send(n: int = 0) -> int:
+            return n
+
+    @app.task(name="cfg.plain", shared=False)
+    def plain(n: int = 0) -> int:
+        return n
+
+    message = worker_start_error(app)
+    assert message.startswith("app 'cfg' uses celery-funnel (")
+    assert found in message
+    assert "install(app) was never called" in message
+
 
 UNINSTALLED = """\
 import os
@@ -410,7 +442,7 @@ def test_a_celery_worker_without_install_stops_at_start(
     tmp_path: Path, standalone_url: str, imports: str, body: str, options: str, found: str
 ) -> None:
     """Nothing in the first app imports celery_funnel: the ``celery`` command loads the
-    package through its entry point, which sees the settings at ``celeryd_init``."""
+    package through its entry point, which sees the settings at ``worker_init``."""
     source = UNINSTALLED.format(imports=imports, body=body, options=options)
     (tmp_path / "cfg_uninstalled.py").write_text(source)
     workers = CeleryWorkers(
