@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from celery.app.task import get_actual_ignore_result
 from kombu.serialization import registry
 
 from ._task_options import HEADER
@@ -66,8 +67,12 @@ def republish(
         k: v for k, v in (context.headers or {}).items() if k not in _NOT_CARRIED and k != HEADER
     }
     headers[HEADER] = dict(state)
+    # Published with ignore_result=True, the header saying what the task was sent with:
+    # the worker reads the header, and this publish subscribes to no result (Celery's
+    # result consumer would listen for every deferred task in the publishing thread).
+    headers["ignore_result"] = bool(get_actual_ignore_result(task, context))
     options = message_options(context, content_type, content_encoding)
     signature = task.signature_from_request(
         context, args, kwargs, countdown=countdown, headers=headers, **options
     )
-    signature.apply_async()
+    signature.apply_async(ignore_result=True, add_to_parent=False)

@@ -71,6 +71,8 @@ class WorkerGate:
         self.charges = Charges(runtime, consumer.app, self.hostname)
         # request id -> (request, timer entry): what this worker holds right now
         self._held: dict[str, tuple[Any, Any]] = {}
+        # the result backends this thread stored failures with (Celery's are per thread)
+        self._backends: dict[int, Any] = {}
 
     def limits_for(self, name: str) -> tuple[Limit, ...]:
         """Every worker-wide limit whose pattern matches task ``name``."""
@@ -200,6 +202,7 @@ class WorkerGate:
         except BaseException:  # only to capture the traceback
             info = ExceptionInfo()
         task = request.task
+        self._backends[id(task.backend)] = task.backend
         task.backend.mark_as_failure(
             request.id, error, info.traceback, request=request._context,
             store_result=request.store_errors,
@@ -211,6 +214,14 @@ class WorkerGate:
         request.send_event("task-failed", exception=repr(error), traceback=info.traceback)
         request.acknowledge()
         task_ready(request)
+
+    def close(self) -> None:
+        """Close the result-backend connections the gate opened in this thread."""
+        backends, self._backends = self._backends, {}
+        for backend in backends.values():
+            pool = getattr(getattr(backend, "client", None), "connection_pool", None)
+            if pool is not None:
+                pool.disconnect()
 
     def _send_event(self, request: Any) -> Callable[..., Any] | None:
         dispatcher = getattr(self.consumer, "event_dispatcher", None)
@@ -248,6 +259,9 @@ class FunnelGate(bootsteps.StartStopStep):  # type: ignore[misc]
     label = "celery-funnel gate"
 
     def shutdown(self, consumer: Any) -> None:
+        gate = consumer.on_task_request
+        if isinstance(gate, WorkerGate):
+            gate.close()
         runtime_for(consumer.app).close()
 
     def stop(self, consumer: Any) -> None:
