@@ -15,17 +15,20 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from .._errors import BackendConfigurationError, BackendError
 from .._keys import funnel_key, tickets_key
+from .._park import ParkStore
 from ._faults import configuration_fault
 from .redis import RedisFunnel
 
 __all__ = ["ACL_COMMANDS", "Finding", "acl_line", "check", "report"]
 
 # Every command celery-funnel sends, its scripts' included (Redis checks a script's
-# calls against the user's ACL): the gates, then the CLI (scan ... config|get).
+# calls against the user's ACL): the gates, the parked tasks (hget ... zrangebyscore),
+# then the CLI (scan ... config|get).
 ACL_COMMANDS = (
     "evalsha", "eval", "script|load", "ping", "time", "get", "set", "del", "pexpire",
     "hmget", "hset", "hgetall", "zadd", "zrem", "zscore", "zcard", "zcount", "zrange",
-    "zremrangebyscore", "scan", "type", "pttl", "info", "role", "config|get",
+    "zremrangebyscore", "hget", "hdel", "hincrby", "hlen", "zrangebyscore",
+    "scan", "type", "pttl", "info", "role", "config|get",
 )  # fmt: skip
 EVICTING = ("allkeys-", "volatile-")
 # a Cluster client raises RedisClusterException (not a RedisError) for what it cannot route
@@ -74,13 +77,26 @@ def _scripts(funnel: RedisFunnel, prefix: str) -> Finding | None:
         ("sliding_log.lua", lambda: funnel.sliding_log(log, 1, 1)),
         ("sliding_window.lua", lambda: funnel.sliding_window(window, 1, 1, windows=2)),
     ]
+    parked = ParkStore(funnel.client, f"{prefix}{name}:")
+    calls.append(("park*.lua", lambda: _park_round(parked)))
     try:
         for _, call in calls:
             call()
-        funnel.client.delete(gcra, tickets_key(gcra), fixed, log, window)
+        funnel.client.delete(gcra, tickets_key(gcra), fixed, log, window, *parked.keys)
     except (BackendError, BackendConfigurationError, *Refused) as exc:
         return _error("scripts", "the funnel scripts on scratch keys under the prefix", exc)
     return None
+
+
+def _park_round(store: ParkStore) -> None:
+    """Park, claim, accept and forget one scratch entry: every parked-task script once."""
+    meta = {"task": "check", "funnel": "check", "priority": None, "parked_at": 0.0}
+    message = {"body": b"", "headers": {}, "meta": meta}
+    store.park("check", 0.0, message, "")
+    for release in store.claim(0.0, 1.0, 1, 1.0)[2]:
+        store.accept(release.task_id, release.token)
+        store.done(release)
+    store.purge()
 
 
 def _info(client: Any, section: str) -> dict[str, Any]:
@@ -122,12 +138,18 @@ def _eviction(client: Any) -> Finding | None:
     return None
 
 
-def _persistence(client: Any) -> Finding | None:
+def _persistence(client: Any, parking: bool) -> Finding | None:
     try:
         aof = str(_info(client, "persistence").get("aof_enabled", "0")) == "1"
         save = client.config_get("save").get("save", "") if not aof else "aof"
     except Refused:
         return None  # CONFIG refused (managed Redis): nothing to say
+    if not aof and not save and parking:
+        return Finding(
+            "warning", "persistence",
+            "persistence is off (no AOF, no RDB save) and deferred tasks are parked in this"
+            " Redis: a restart loses them; turn on AOF (appendonly yes) or RDB snapshots",
+        )  # fmt: skip
     if not aof and not save:
         return Finding(
             "note", "persistence",
@@ -137,9 +159,10 @@ def _persistence(client: Any) -> Finding | None:
     return None
 
 
-def check(funnel: RedisFunnel, prefix: str) -> list[Finding]:
+def check(funnel: RedisFunnel, prefix: str, *, parking: bool = False) -> list[Finding]:
     """Every problem found with ``funnel``'s Redis for keys under ``prefix``; [] when
-    it is fit. Never raises for Redis errors: they become findings."""
+    it is fit. ``parking``: deferred tasks are parked in it (persistence matters more).
+    Never raises for Redis errors: they become findings."""
     client = funnel.client
     try:
         client.ping()
@@ -148,7 +171,7 @@ def check(funnel: RedisFunnel, prefix: str) -> list[Finding]:
     scripts = _scripts(funnel, prefix)
     # a replica refuses the scripts' writes already: one line per problem
     replica = None if scripts is not None and "replica" in scripts.message else _replica(client)
-    findings = [scripts, replica, _eviction(client), _persistence(client)]
+    findings = [scripts, replica, _eviction(client), _persistence(client, parking)]
     return [f for f in findings if f is not None]
 
 
