@@ -147,10 +147,11 @@ def check_plain(where: str, field: str, value: Any) -> Any:
     """
     if _is_plain(value):
         return value
+    instead = "return one" if field.endswith(")") else f"e.g. '{{{field}.id}}'"
     raise ConfigurationError(
         f"{where}: {field}={value!r} ({type(value).__name__}) cannot be part of a funnel key:"
         f" its str() may differ between calls and processes. Key on plain data (str, int,"
-        f" float, UUID, Decimal, date/time, None), e.g. '{{{field}.id}}'"
+        f" float, UUID, Decimal, date/time, None): {instead}"
     )
 
 

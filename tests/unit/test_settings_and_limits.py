@@ -297,9 +297,11 @@ def test_key_values_whose_str_is_unstable_are_refused(value: object) -> None:
         limit.key_part(run, (value,), {})
     assert f"customer={value!r}" in str(info.value)
     assert parse_limit({"rate": "5/s", "key": "{customer.id}"}).key_part(run, (_Customer(),), {})
+    assert "e.g. '{customer.id}'" in str(info.value)
     callable_key = parse_limit({"rate": "5/s", "key": lambda customer: customer})
-    with pytest.raises(ConfigurationError, match="key\\(\\)="):
+    with pytest.raises(ConfigurationError, match="key\\(\\)=") as info:
         callable_key.key_part(run, (value,), {})
+    assert str(info.value).endswith("None): return one")
 
 
 def test_funnel_task_classes_are_checked_where_they_are_defined() -> None:
