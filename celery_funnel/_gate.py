@@ -25,7 +25,7 @@ from ._keys import hash_tag
 from ._limit import Limit, Verdict, check_all
 from ._outage import backoff
 from ._runtime import Runtime
-from .strategies.reservation import Shape
+from .strategies.reservation import DEFAULT_EARLY_SECONDS, Shape
 
 __all__ = [
     "HEADER",
@@ -37,6 +37,7 @@ __all__ = [
     "gate_mark",
     "judge",
     "label_of",
+    "lead",
     "report_wait",
     "requeued",
 ]
@@ -66,8 +67,6 @@ class Step(NamedTuple):
 
 
 RUN = Step(run=True)
-# the least lateness a booked slot is honoured with (seconds); see _late
-LATE_FLOOR_SECONDS = 0.05
 
 
 def label_of(charges: Sequence[Charge]) -> str:
@@ -86,15 +85,24 @@ def _joint(runtime: Runtime, charges: Sequence[Charge]) -> bool:
     return len({hash_tag(charge.key) for charge in charges}) == 1
 
 
+def _width(charges: Sequence[Charge]) -> float:
+    """One slot's width of the widest funnel (seconds)."""
+    return max(c.limit.rate.period / c.limit.rate.count * max(c.cost, 1) for c in charges)
+
+
 def _late(charges: Sequence[Charge], stale: int) -> float:
     """How late a booked slot is still honoured: one slot's width of the widest funnel,
-    at least ``LATE_FLOOR_SECONDS`` (a worker's timer fires a few ms late under load: at
-    100/s a 10 ms window made tasks re-book and waste their slots, 90/s measured), and
-    doubled each time the ticket went stale."""
-    widths: list[float] = [
-        c.limit.rate.period / c.limit.rate.count * max(c.cost, 1) for c in charges
-    ]
-    return max(*widths, LATE_FLOOR_SECONDS) * 2.0**stale
+    doubled each time the ticket went stale. (Wider would let late tickets start
+    together: more than the rate in some second.)"""
+    return _width(charges) * 2.0**stale
+
+
+def lead(charges: Sequence[Charge]) -> float:
+    """How early to come back for a booked slot (seconds): half the early grace the
+    reservation allows (one slot's width, at most 50 ms), so that a timer firing a
+    little late still lands inside the slot's window (at 100/s, a 10 ms window behind
+    the slot alone made late tasks book again: 90/s measured)."""
+    return min(_width(charges), DEFAULT_EARLY_SECONDS) / 2
 
 
 def _book(

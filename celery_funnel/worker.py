@@ -39,6 +39,7 @@ from ._gate import (
     gate_mark,
     judge,
     label_of,
+    lead,
     report_wait,
     requeued,
 )
@@ -120,7 +121,9 @@ class WorkerGate:
         # un-acked so far: the countdown it came with (an ETA message is held un-acked)
         # and what this worker held it for before
         budget = policy.cap - step.state.waited
-        hold = min(step.delay, _until_expiry(request))
+        # a booked slot is honoured a little early: aim there, timers fire late
+        aim = step.delay - lead(charges) if step.booked else step.delay
+        hold = min(max(aim, 0.0), _until_expiry(request))
         subject = self._subject(request)
         label = label_of(charges)
         if hold <= budget or policy.waits_in_place(step.delay):
