@@ -35,6 +35,7 @@ __all__ = [
     "Subject",
     "admitted_by_gate",
     "gate_mark",
+    "joint",
     "judge",
     "label_of",
     "lead",
@@ -74,7 +75,7 @@ def label_of(charges: Sequence[Charge]) -> str:
     return "+".join(dict.fromkeys(charge.label for charge in charges))
 
 
-def _joint(runtime: Runtime, charges: Sequence[Charge]) -> bool:
+def joint(runtime: Runtime, charges: Sequence[Charge]) -> bool:
     """Whether the charges can be decided in one script: GCRA only, and on a Redis
     Cluster one hash tag for every key."""
     if any(charge.limit.strategy != "gcra" for charge in charges):
@@ -144,10 +145,10 @@ def decide(
         return Verdict(run=True), state.passed
     funnel = runtime.funnel
     redeem = ticket is not None and state.booked
-    if len(pending) > 1 and _joint(runtime, [c for _, c in pending]):
+    if len(pending) > 1 and joint(runtime, [c for _, c in pending]):
         if ticket is not None:
-            joint = [c for _, c in pending]
-            return _book(runtime, joint, ticket, state, redeem, max_wait), state.passed
+            together = [c for _, c in pending]
+            return _book(runtime, together, ticket, state, redeem, max_wait), state.passed
         limits = [c.limit for _, c in pending]
         verdict = check_all(
             funnel, limits, [c.key for _, c in pending], [c.cost for _, c in pending],

@@ -43,6 +43,7 @@ from ._gate import (
     report_wait,
     requeued,
 )
+from ._held import Held, give_back_booking
 from ._keys import safe_part
 from ._limit import Limit
 from ._outage import BACKOFF_FIRST_SECONDS
@@ -70,8 +71,7 @@ class WorkerGate:
         self.node = getattr(consumer, "hostname", "") or ""
         self.hostname = safe_part(self.node or "worker")
         self.charges = Charges(runtime, consumer.app, self.hostname)
-        # request id -> (request, timer entry): what this worker holds right now
-        self._held: dict[str, tuple[Any, Any]] = {}
+        self.held = Held(runtime, consumer, self._pass)
         # the result backends this thread stored failures with (Celery's are per thread)
         self._backends: dict[int, Any] = {}
 
@@ -103,6 +103,7 @@ class WorkerGate:
     def _pass(self, request: Any, charges: Sequence[Charge], state: State) -> Any:
         """Decide ``request`` now: run it, hold it, publish it again, or fail it."""
         if request.revoked():  # revoked, or expired while it waited: Celery ends it
+            give_back_booking(self.runtime, charges, state, request.id)
             return None
         try:
             step = judge(self.runtime, self._subject(request), charges, state)
@@ -162,34 +163,11 @@ class WorkerGate:
         task_ready(request)
 
     def _hold(self, request: Any, charges: Sequence[Charge], state: State, delay: float) -> None:
-        # Like an ETA task: held in this worker, outside the prefetch window, so that
-        # other tasks keep flowing while it waits.
-        self.consumer.qos.increment_eventually()
-        entry = self.consumer.timer.call_after(
-            delay, self._release, (request, charges, state), priority=6
-        )
-        self._held[request.id] = (request, entry)
-
-    def _release(self, request: Any, charges: Sequence[Charge], state: State) -> None:
-        if self._held.pop(request.id, None) is None:
-            return  # dropped with its connection
-        self.consumer.qos.decrement_eventually()
-        self._pass(request, charges, state)
+        self.held.hold(request, charges, state, delay)
 
     def drop_held(self) -> int:
-        """Forget every held request: the broker connection they came on is gone, and
-        the broker delivers them again (to this worker or another). Returns how many."""
-        held, self._held = self._held, {}
-        timer = self.consumer.timer
-        for _request, entry in held.values():
-            if timer is not None:
-                timer.cancel(entry)
-        if held:
-            logger.info(
-                "celery-funnel: the broker connection closed; %d held task(s) dropped,"
-                " the broker delivers them again", len(held),
-            )  # fmt: skip
-        return len(held)
+        """Forget every held request (the broker connection closed). Returns how many."""
+        return self.held.drop()
 
     def _fail(self, request: Any, error: BaseException, *, reported: bool) -> None:
         """Fail ``request`` with ``error`` as Celery fails a task (FAILURE stored,
@@ -199,7 +177,7 @@ class WorkerGate:
                 "celery-funnel: task %s[%s] failed in the gate: %s: %s",
                 request.name, request.id, type(error).__name__, error,
             )  # fmt: skip
-        self._held.pop(request.id, None)
+        self.held.forget(request.id)
         try:
             raise error
         except BaseException:  # only to capture the traceback
@@ -219,7 +197,9 @@ class WorkerGate:
         task_ready(request)
 
     def close(self) -> None:
-        """Close the result-backend connections the gate opened in this thread."""
+        """Stop sweeping; close the result-backend connections the gate opened in this
+        thread."""
+        self.held.close()
         backends, self._backends = self._backends, {}
         for backend in backends.values():
             pool = getattr(getattr(backend, "client", None), "connection_pool", None)

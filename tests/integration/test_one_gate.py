@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from celery.contrib.testing.worker import start_worker
 from kombu.entity import Exchange, Queue
 
 from celery_funnel import ConfigurationError, FunnelTask
+from celery_funnel import signals as funnel_signals
 from celery_funnel.testing import CeleryWorkers, RedisServer
 from tests.integration.proj import close_app, make_app, runs
 from tests.polling import wait_for
@@ -365,3 +367,44 @@ def test_chunks_pay_the_inner_tasks_funnel_per_item(
     starts = sorted(r["at"] for r in runs(redis_url) if r["name"] == "proj.limited")
     assert len(starts) == 20
     assert starts[-1] - starts[0] >= 1.5 - 0.05  # 15 units past the first chunk's 5, at 10/s
+
+
+def test_a_task_revoked_while_held_ends_at_once_and_gives_its_slot_back(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """1 per 2 s: the third task (slot at 4 s) is revoked while held. It ends REVOKED
+    within the gate's sweep (1 s), not at its slot, and its slot goes to the next task
+    (at 4 s, not 6 s)."""
+    redis_client.flushall()
+    app = make_app(redis_url, redis_url, funnel_limits={"proj.plain": "1/2s"})
+    deferred: list[str] = []
+    ended: list[str] = []  # the worker let the request go (REVOKED in the backend is at once)
+
+    def on_deferred(task_id: str = "", **_: Any) -> None:
+        deferred.append(task_id)
+
+    def on_revoked(request: Any = None, **_: Any) -> None:
+        ended.append(request.id)
+
+    funnel_signals.task_deferred.connect(on_deferred, weak=False)
+    signals.task_revoked.connect(on_revoked, weak=False)
+    try:
+        with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+            plain = app.tasks["proj.plain"]
+            first, second, third = (plain.delay(n) for n in range(3))
+            wait_for(lambda: third.id in deferred)
+            revoked_at = time.monotonic()
+            app.control.revoke(third.id)
+            wait_for(lambda: third.id in ended)
+            took = time.monotonic() - revoked_at
+            fourth = plain.delay(3)
+            assert [r.get(timeout=15) for r in (first, second, fourth)] == [0, 1, 3]
+    finally:
+        funnel_signals.task_deferred.disconnect(on_deferred)
+        signals.task_revoked.disconnect(on_revoked)
+        close_app(app)
+    starts = {r["args"][0]: r["at"] for r in runs(redis_url)}
+    assert set(starts) == {0, 1, 3}, "the revoked task never ran"
+    assert took < 1.9, "let go by the gate's sweep, not at its slot"
+    assert third.state == "REVOKED"
+    assert starts[3] - starts[0] < 5.0, "its slot (4 s) went to the next task, not 6 s"
