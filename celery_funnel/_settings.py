@@ -38,6 +38,9 @@ _DEFAULTS: dict[str, Any] = {
     "funnel_socket_timeout": 1.0,
     "funnel_on_backend_error": "defer",
     "funnel_dry_run": False,
+    "funnel_park": True,
+    "funnel_park_after": 5.0,
+    "funnel_park_lease": 30.0,
 }
 
 
@@ -136,6 +139,9 @@ class FunnelSettings:
     socket_timeout: float = 1.0
     on_backend_error: str = "defer"
     dry_run: bool = False
+    park: bool = True  # park waits longer than park_after in Redis (not the broker)
+    park_after: float = 5.0  # seconds
+    park_lease: float = 30.0  # seconds a releaser's claim lasts
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> FunnelSettings:
@@ -173,6 +179,9 @@ class FunnelSettings:
                 "funnel_on_backend_error", get("funnel_on_backend_error")
             ),
             dry_run=to_bool("funnel_dry_run", get("funnel_dry_run")),
+            park=to_bool("funnel_park", get("funnel_park")),
+            park_after=number("funnel_park_after", get("funnel_park_after"), 0.0, 3600.0),
+            park_lease=number("funnel_park_lease", get("funnel_park_lease"), 1.0, 3600.0),
         )
 
     def require_redis(self) -> Any:

@@ -18,6 +18,7 @@ from celery import bootsteps
 from celery.worker import state as worker_state
 
 from ._park import ParkStore, Release
+from ._runtime import runtime_for
 from ._task_options import HEADER
 
 __all__ = ["Releaser", "ReleaserStep", "park_store", "publish"]
@@ -25,7 +26,7 @@ __all__ = ["Releaser", "ReleaserStep", "park_store", "publish"]
 logger = logging.getLogger("celery_funnel")
 
 LEAD_SECONDS = 1.0  # released this early: the gate holds an early arrival to its slot
-LEASE_SECONDS = 30.0  # a releaser that dies mid-release is replaced after this long
+LEASE_SECONDS = 30.0  # funnel_park_lease: a releaser dying mid-release is replaced then
 BATCH = 100  # entries claimed per pass
 KEEP_SECONDS = 3600.0  # acceptance records, against copies of a release published twice
 IDLE_SECONDS = 1.0  # the longest pause between two passes
@@ -59,8 +60,10 @@ def publish(app: Any, release: Release) -> None:
 class Releaser:
     """Releases the app's due parked tasks from ``store`` until ``stop()``."""
 
-    def __init__(self, app: Any, store: ParkStore, lead: float = LEAD_SECONDS) -> None:
-        self.app, self.store, self.lead = app, store, lead
+    def __init__(
+        self, app: Any, store: ParkStore, lease: float = LEASE_SECONDS, lead: float = LEAD_SECONDS
+    ) -> None:
+        self.app, self.store, self.lease, self.lead = app, store, lease, lead
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="celery-funnel-releaser")
         self._thread.daemon = True
@@ -112,10 +115,8 @@ class Releaser:
 
 def park_store(app: Any) -> ParkStore | None:
     """The app's parked tasks (None when parking is off)."""
-    from ._runtime import runtime_for  # noqa: PLC0415 - the runtime imports the gates
-
     runtime = runtime_for(app)
-    if not getattr(runtime.settings, "park", True):
+    if not runtime.settings.park or not runtime.settings.redis_url:
         return None
     return ParkStore(runtime.funnel.client, runtime.settings.key_prefix)  # type: ignore[attr-defined]
 
@@ -132,7 +133,8 @@ class ReleaserStep(bootsteps.StartStopStep):  # type: ignore[misc]
     def start(self, consumer: Any) -> None:
         store = park_store(consumer.app)
         if store is not None and self.releaser is None:
-            self.releaser = Releaser(consumer.app, store)
+            lease = runtime_for(consumer.app).settings.park_lease
+            self.releaser = Releaser(consumer.app, store, lease)
             self.releaser.start()
 
     def stop(self, consumer: Any) -> None:
