@@ -17,6 +17,7 @@ from typing import Any
 from celery import bootsteps
 from celery.worker import state as worker_state
 
+from ._errors import BackendError
 from ._park import ParkStore, Release
 from ._runtime import runtime_for
 from ._task_options import HEADER
@@ -82,14 +83,21 @@ class Releaser:
         while not self._stopped.wait(pause):
             try:
                 pause = self.tick()
-            except Exception as exc:  # a failed pass is tried again, after a pause
-                if not self._failing:
-                    logger.warning("celery-funnel: releasing parked tasks failed: %s", exc)
-                self._failing, pause = True, ERROR_PAUSE_SECONDS
+            except Exception as exc:  # tried again after a pause
+                self._failed(exc)
+                pause = ERROR_PAUSE_SECONDS
             else:
                 if self._failing:
-                    logger.warning("celery-funnel: releasing parked tasks works again")
+                    logger.info("celery-funnel: releasing parked tasks works again")
                 self._failing = False
+
+    def _failed(self, error: Exception) -> None:
+        if self._failing:
+            return
+        self._failing = True
+        # an outage of the funnels' Redis is reported once by the gates (WARNING)
+        level = logging.INFO if isinstance(error, BackendError) else logging.ERROR
+        logger.log(level, "celery-funnel: releasing parked tasks failed: %s", error)
 
     def _drop(self, release: Release) -> None:
         """A revoked task: never published; its result says REVOKED, as Celery's would."""
