@@ -68,6 +68,7 @@ class Step(NamedTuple):
 
 
 RUN = Step(run=True)
+LEAD_SECONDS = 0.005  # the most a held task comes back before its slot; see lead
 
 
 def label_of(charges: Sequence[Charge]) -> str:
@@ -99,11 +100,12 @@ def _late(charges: Sequence[Charge], stale: int) -> float:
 
 
 def lead(charges: Sequence[Charge]) -> float:
-    """How early to come back for a booked slot (seconds): half the early grace the
-    reservation allows (one slot's width, at most 50 ms), so that a timer firing a
-    little late still lands inside the slot's window (at 100/s, a 10 ms window behind
-    the slot alone made late tasks book again: 90/s measured)."""
-    return min(_width(charges), DEFAULT_EARLY_SECONDS) / 2
+    """How early to come back for a booked slot (seconds): half a slot's width, at most
+    ``LEAD_SECONDS``, inside the early grace the reservation allows (one slot's width,
+    at most 50 ms), so that a timer firing a little late still lands inside the slot's
+    window (at 100/s a 10 ms window behind the slot alone made late tasks book again:
+    90/s measured). Slow funnels, whose window is wide, barely move (5 ms)."""
+    return min(_width(charges), DEFAULT_EARLY_SECONDS, 2 * LEAD_SECONDS) / 2
 
 
 def _book(

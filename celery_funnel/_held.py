@@ -82,8 +82,12 @@ class Held:
 
     def sweep(self) -> None:
         """End every held request that was revoked meanwhile, giving its slot back."""
-        for task_id in [t for t in self._held if t in revoked_tasks]:
-            request, _entry, charges, state = self._held[task_id]
+        # list() copies at once: without an event loop the timer runs on its own thread
+        for task_id in [t for t in list(self._held) if t in revoked_tasks]:
+            held = self._held.get(task_id)
+            if held is None:
+                continue
+            request, _entry, charges, state = held
             self.forget(task_id)
             give_back_booking(self.runtime, charges, state, task_id)
             request.revoked()  # REVOKED, task_revoked, acked: as Celery ends them
