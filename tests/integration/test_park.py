@@ -15,7 +15,6 @@ from celery.contrib.testing.worker import start_worker
 from celery.worker import state as worker_state
 
 from celery_funnel._park import ParkStore, capture
-from celery_funnel.releaser import ReleaserStep
 from tests.integration.proj import close_app, make_app, runs
 from tests.polling import wait_for
 
@@ -116,8 +115,7 @@ def test_counts_per_funnel_purge_and_release_now(store: ParkStore) -> None:
 @pytest.fixture
 def app(redis_url: str, redis_client: redis.Redis) -> Iterator[Celery]:
     redis_client.flushall()
-    app = make_app(redis_url, redis_url)
-    app.steps["consumer"].add(ReleaserStep)
+    app = make_app(redis_url, redis_url)  # install(app) adds the releaser
     yield app
     close_app(app)
 
