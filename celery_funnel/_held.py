@@ -51,6 +51,13 @@ class Held:
         self.runtime, self.consumer, self.release = runtime, consumer, release
         self._held: dict[str, tuple[Any, Any, Sequence[Charge], State]] = {}
         self._sweeper: Any = None
+        # the result backends used to end tasks here (Celery keeps one per thread)
+        self.backends: dict[int, Any] = {}
+
+    def backend_of(self, request: Any) -> None:
+        """Remember the result backend ending ``request`` uses in this thread."""
+        backend = request.task.backend
+        self.backends[id(backend)] = backend
 
     def __len__(self) -> int:
         return len(self._held)
@@ -90,6 +97,7 @@ class Held:
             request, _entry, charges, state = held
             self.forget(task_id)
             give_back_booking(self.runtime, charges, state, task_id)
+            self.backend_of(request)
             request.revoked()  # REVOKED, task_revoked, acked: as Celery ends them
 
     def drop(self) -> int:
@@ -106,7 +114,13 @@ class Held:
         return len(held)
 
     def close(self) -> None:
-        """Stop the sweeper (the worker shuts down)."""
+        """Stop the sweeper and close the result-backend connections opened to end
+        tasks here (the worker shuts down)."""
         if self._sweeper is not None:
             self.consumer.timer.cancel(self._sweeper)
             self._sweeper = None
+        backends, self.backends = self.backends, {}
+        for backend in backends.values():
+            pool = getattr(getattr(backend, "client", None), "connection_pool", None)
+            if pool is not None:
+                pool.disconnect()

@@ -72,8 +72,6 @@ class WorkerGate:
         self.hostname = safe_part(self.node or "worker")
         self.charges = Charges(runtime, consumer.app, self.hostname)
         self.held = Held(runtime, consumer, self._pass)
-        # the result backends this thread stored failures with (Celery's are per thread)
-        self._backends: dict[int, Any] = {}
 
     def limits_for(self, name: str) -> tuple[Limit, ...]:
         """Every worker-wide limit whose pattern matches task ``name``."""
@@ -102,6 +100,7 @@ class WorkerGate:
 
     def _pass(self, request: Any, charges: Sequence[Charge], state: State) -> Any:
         """Decide ``request`` now: run it, hold it, publish it again, or fail it."""
+        self.held.backend_of(request)  # revoked() below may store REVOKED with it
         if request.revoked():  # revoked, or expired while it waited: Celery ends it
             give_back_booking(self.runtime, charges, state, request.id)
             return None
@@ -183,7 +182,7 @@ class WorkerGate:
         except BaseException:  # only to capture the traceback
             info = ExceptionInfo()
         task = request.task
-        self._backends[id(task.backend)] = task.backend
+        self.held.backend_of(request)
         task.backend.mark_as_failure(
             request.id, error, info.traceback, request=request._context,
             store_result=request.store_errors,
@@ -197,14 +196,8 @@ class WorkerGate:
         task_ready(request)
 
     def close(self) -> None:
-        """Stop sweeping; close the result-backend connections the gate opened in this
-        thread."""
+        """Stop sweeping; close the result-backend connections the gate opened."""
         self.held.close()
-        backends, self._backends = self._backends, {}
-        for backend in backends.values():
-            pool = getattr(getattr(backend, "client", None), "connection_pool", None)
-            if pool is not None:
-                pool.disconnect()
 
     def _send_event(self, request: Any) -> Callable[..., Any] | None:
         dispatcher = getattr(self.consumer, "event_dispatcher", None)
