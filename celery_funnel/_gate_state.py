@@ -23,6 +23,7 @@ class State(NamedTuple):
     passed: tuple[int, ...] = ()  # funnels already passed (decided one at a time)
     waited: float = 0.0  # the countdown this message was published with (seconds)
     requeues: int = 0  # times published again (holds in a worker are not counted)
+    release: str = ""  # the token of the parked release this copy came from, if any
 
     @classmethod
     def from_headers(cls, headers: Mapping[str, Any] | None) -> State:
@@ -36,6 +37,7 @@ class State(NamedTuple):
             tuple(int(i) for i in raw.get("passed") or ()),
             float(raw.get("waited", 0.0)),
             int(raw.get("requeues", 0)),
+            str(raw.get("release") or ""),
         )
 
     def header(self, **more: Any) -> dict[str, Any]:

@@ -92,16 +92,16 @@ class _Capture(Producer):
         })  # fmt: skip
 
 
-def capture(signature: Any, meta: Mapping[str, Any]) -> dict[str, Any]:
-    """The message ``signature.apply_async()`` would publish, without publishing it,
-    with ``meta`` (task, funnel, priority, parked_at) beside it.
+def capture(signature: Any, meta: Mapping[str, Any], **options: Any) -> dict[str, Any]:
+    """The message ``signature.apply_async(**options)`` would publish, without
+    publishing it, with ``meta`` (task, funnel, priority, parked_at) beside it.
 
     Raises:
         RuntimeError: when Celery published no task message.
     """
     with signature.app.connection_for_write() as connection:
         producer = _Capture(connection)
-        signature.apply_async(producer=producer)
+        signature.apply_async(producer=producer, **options)
     # a task-sent event, when enabled, goes through the same producer: keep the task
     found = [m for m in producer.messages if "task" in m["headers"] and "id" in m["headers"]]
     if not found:

@@ -9,15 +9,17 @@ publish through ``republish``, which adds them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from celery.app.task import get_actual_ignore_result
 from kombu.serialization import registry
 
+from ._park import ParkStore, capture
 from ._task_options import HEADER
 
-__all__ = ["message_options", "republish"]
+__all__ = ["message_options", "park", "republish"]
 
 # what a message's headers may carry that is not the task's own (RabbitMQ's dead-letter
 # bookkeeping is dropped by Celery already)
@@ -44,6 +46,32 @@ def message_options(
     return options
 
 
+def _signature(
+    task: Any,
+    context: Any,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    countdown: float | None,
+    state: Mapping[str, Any],
+    content_type: str | None,
+    content_encoding: str | None,
+) -> Any:
+    """The task's run described by ``context``, to publish again: everything it was
+    sent with, ``state`` as the ``celery_funnel`` header."""
+    headers = {
+        k: v for k, v in (context.headers or {}).items() if k not in _NOT_CARRIED and k != HEADER
+    }
+    headers[HEADER] = dict(state)
+    # Published with ignore_result=True, the header saying what the task was sent with:
+    # the worker reads the header, and this publish subscribes to no result (Celery's
+    # result consumer would listen for every deferred task in the publishing thread).
+    headers["ignore_result"] = bool(get_actual_ignore_result(task, context))
+    options = message_options(context, content_type, content_encoding)
+    return task.signature_from_request(
+        context, args, kwargs, countdown=countdown, headers=headers, **options
+    )
+
+
 def republish(
     task: Any,
     context: Any,
@@ -63,16 +91,37 @@ def republish(
         Exception: what the broker's publish raises (the caller keeps the original
             message un-acked then, so the broker delivers it again).
     """
-    headers = {
-        k: v for k, v in (context.headers or {}).items() if k not in _NOT_CARRIED and k != HEADER
-    }
-    headers[HEADER] = dict(state)
-    # Published with ignore_result=True, the header saying what the task was sent with:
-    # the worker reads the header, and this publish subscribes to no result (Celery's
-    # result consumer would listen for every deferred task in the publishing thread).
-    headers["ignore_result"] = bool(get_actual_ignore_result(task, context))
-    options = message_options(context, content_type, content_encoding)
-    signature = task.signature_from_request(
-        context, args, kwargs, countdown=countdown, headers=headers, **options
+    signature = _signature(
+        task, context, args, kwargs, countdown, state, content_type, content_encoding
     )
     signature.apply_async(ignore_result=True, add_to_parent=False)
+
+
+def park(
+    store: ParkStore,
+    task: Any,
+    context: Any,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    *,
+    wait: float,
+    state: Mapping[str, Any],
+    label: str,
+    content_type: str | None = None,
+    content_encoding: str | None = None,
+) -> bool:
+    """Park the run in the funnels' Redis for ``wait`` seconds: the message exactly as
+    ``republish`` would publish it (no countdown: it is released when due). False when
+    this copy is stale (its task was released and accepted already): drop it.
+
+    Raises:
+        BackendError: when Redis fails (the caller keeps the original message).
+    """
+    signature = _signature(task, context, args, kwargs, None, state, content_type, content_encoding)
+    meta = {
+        "task": task.name, "funnel": label,
+        "priority": (getattr(context, "delivery_info", None) or {}).get("priority"),
+        "parked_at": time.time(),
+    }  # fmt: skip
+    message = capture(signature, meta, ignore_result=True, add_to_parent=False)
+    return store.park(str(context.id), wait, message, str(state.get("release") or ""))

@@ -47,6 +47,7 @@ from ._held import Held, give_back_booking
 from ._keys import safe_part
 from ._limit import Limit
 from ._outage import BACKOFF_FIRST_SECONDS
+from ._parking import Parking
 from ._republish import republish
 from ._runtime import Runtime, runtime_for
 from ._task_options import dry_run_of, policy_of
@@ -72,6 +73,7 @@ class WorkerGate:
         self.hostname = safe_part(self.node or "worker")
         self.charges = Charges(runtime, consumer.app, self.hostname)
         self.held = Held(runtime, consumer, self._pass)
+        self.parking = Parking(runtime)
 
     def limits_for(self, name: str) -> tuple[Limit, ...]:
         """Every worker-wide limit whose pattern matches task ``name``."""
@@ -82,9 +84,14 @@ class WorkerGate:
             charges = self.charges.of(request.type, request.name, request.args, request.kwargs)
         except Exception as error:  # a bad funnel_key fails its task only
             return self._fail(request, error, reported=False)
+        state = State.from_headers(request.request_dict)
+        if not self.parking.accept(request, state):  # a copy of a release that ran
+            request.acknowledge()
+            task_ready(request)
+            return None
         if not charges:
             return self.handle(request)
-        return self._pass(request, charges, State.from_headers(request.request_dict))
+        return self._pass(request, charges, state)
 
     def _subject(self, request: Any) -> Subject:
         settings = self.runtime.settings
@@ -126,6 +133,13 @@ class WorkerGate:
         hold = min(max(aim, 0.0), _until_expiry(request))
         subject = self._subject(request)
         label = label_of(charges)
+        if self.parking.wants(step.delay, _until_expiry(request), outage=step.outage):
+            report_wait(
+                self.runtime, subject, label, step, requeued=True,
+                send_event=self._send_event(request),
+            )  # fmt: skip
+            self._park(request, charges, step, label)
+            return
         if hold <= budget or policy.waits_in_place(step.delay):
             report_wait(
                 self.runtime, subject, label, step, requeued=False,
@@ -158,6 +172,25 @@ class WorkerGate:
             )  # fmt: skip
             self._hold(request, charges, step.state, BACKOFF_FIRST_SECONDS)
             return
+        request.acknowledge()
+        task_ready(request)
+
+    def _park(self, request: Any, charges: Sequence[Charge], step: Step, label: str) -> None:
+        """Park the task in the funnels' Redis until its slot; ack the original after."""
+        try:
+            fresh = self.parking.park(request, requeued(step.state, 0.0), step.delay, label)
+        except Exception as error:  # keep it, try again shortly
+            logger.warning(
+                "celery-funnel: could not park deferred task %s[%s] (%r); holding it %.0f s",
+                request.name, request.id, error, BACKOFF_FIRST_SECONDS,
+            )  # fmt: skip
+            self._hold(request, charges, step.state, BACKOFF_FIRST_SECONDS)
+            return
+        if not fresh:
+            logger.info(
+                "celery-funnel: task %s[%s] ran already (a stale copy): dropped",
+                request.name, request.id,
+            )  # fmt: skip
         request.acknowledge()
         task_ready(request)
 

@@ -27,7 +27,7 @@ __all__ = ["ACL_COMMANDS", "Finding", "acl_line", "check", "report"]
 ACL_COMMANDS = (
     "evalsha", "eval", "script|load", "ping", "time", "get", "set", "del", "pexpire",
     "hmget", "hset", "hgetall", "zadd", "zrem", "zscore", "zcard", "zcount", "zrange",
-    "zremrangebyscore", "hget", "hdel", "hincrby", "hlen", "zrangebyscore",
+    "zremrangebyscore", "hget", "hdel", "hincrby", "hlen", "hexists", "zrangebyscore",
     "scan", "type", "pttl", "info", "role", "config|get",
 )  # fmt: skip
 EVICTING = ("allkeys-", "volatile-")

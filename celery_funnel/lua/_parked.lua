@@ -4,8 +4,11 @@
 --   entries      hash        task id -> the message to publish at release (JSON text)
 --   claims       hash        task id -> token of the release that claimed it ("" = none)
 --   leases       sorted set  task id -> end of a releaser's claim (µs)
---   accepted     hash        task id -> token of the released copy a worker accepted
---   accepted_at  sorted set  task id -> when it was accepted (µs)
+--   accepted     hash        task id -> which copies of the task may run: the token of
+--                            its latest release ("<token>"), "+<token>" once a worker
+--                            accepted a copy of it, "parked" when parked again after
+--                            that; absent while it was never released
+--   accepted_at  sorted set  task id -> when that last changed (µs), to expire it
 --   labels       hash        task id -> the funnel(s) that deferred it
 --   counts       hash        label -> how many parked tasks it holds
 local due, entries, claims, leases, accepted, accepted_at, labels, counts = unpack(KEYS)

@@ -7,14 +7,18 @@
 -- ARGV[4]  the release token the parked message carries ("" when it was never released)
 -- ARGV[5]  the label of the funnel(s) that deferred it
 -- Reply    {1, release time µs} when parked; {0, 0} when this message is a stale copy
---          of a task that was released and accepted already (the caller drops it)
+--          (its task was released since: that release runs, the caller drops this)
 -- A task parked again (the broker delivered its original message twice, or a released
 -- copy was deferred again) keeps one entry: one release.
 
-local id = ARGV[1]
+local id, carried = ARGV[1], ARGV[4]
 local before = redis.call('HGET', accepted, id)
-if before and before ~= ARGV[4] then
+if before and before ~= carried and before ~= '+' .. carried then
   return {0, 0}
+end
+if before then  -- a copy of its latest release, deferred again: the next release runs
+  redis.call('HSET', accepted, id, 'parked')
+  redis.call('ZADD', accepted_at, server_now(), id)
 end
 forget(id)
 local release = server_now() + tonumber(ARGV[2])

@@ -15,10 +15,13 @@ local limit = tonumber(ARGV[3])
 local reply = {-1, now}
 local function claim(id)
   local message = redis.call('HGET', entries, id)
-  if not message then
-    forget(id)
+  local state = redis.call('HGET', accepted, id)
+  if not message or (state and string.sub(state, 1, 1) == '+') then
+    forget(id)  -- gone, or a copy of its release runs already (its releaser died after)
     return
   end
+  redis.call('HSET', accepted, id, ARGV[4])  -- only copies of this release may run
+  redis.call('ZADD', accepted_at, now, id)
   redis.call('ZREM', due, id)
   redis.call('ZADD', leases, now + tonumber(ARGV[2]), id)
   redis.call('HSET', claims, id, ARGV[4])
@@ -40,9 +43,14 @@ local first = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
 if first[2] then
   reply[1] = tonumber(first[2])
 end
+-- records of releases long done; a task still parked keeps its record
 local old = redis.call('ZRANGEBYSCORE', accepted_at, '-inf', now - tonumber(ARGV[5]), 'LIMIT', 0, 100)
-if #old > 0 then
-  redis.call('ZREM', accepted_at, unpack(old))
-  redis.call('HDEL', accepted, unpack(old))
+for _, id in ipairs(old) do
+  if redis.call('HEXISTS', entries, id) == 1 then
+    redis.call('ZADD', accepted_at, now, id)
+  else
+    redis.call('ZREM', accepted_at, id)
+    redis.call('HDEL', accepted, id)
+  end
 end
 return reply

@@ -219,6 +219,10 @@ if os.environ.get("FUNNEL_TEST_BROKER"):
         }
     if os.environ.get("FUNNEL_TEST_ACKS_LATE") == "1":
         extra["task_acks_late"] = True
+    if os.environ.get("FUNNEL_TEST_PARK") == "0":
+        extra["funnel_park"] = False
+    if os.environ.get("FUNNEL_TEST_PARK_LEASE"):
+        extra["funnel_park_lease"] = float(os.environ["FUNNEL_TEST_PARK_LEASE"])
     app = make_app(
         os.environ["FUNNEL_TEST_BROKER"],
         os.environ["FUNNEL_TEST_REDIS"],

@@ -58,10 +58,33 @@ def test_a_lapsed_lease_is_claimed_again_and_only_one_copy_runs(store: ParkStore
     _, _, (second,) = store.claim(0.0, 30.0, 10, 3600.0)
     assert second.task_id == "a"
     assert first.token != second.token
-    assert store.accept("a", first.token), "the first copy a worker sees runs"
-    assert store.accept("a", first.token), "the same copy delivered again by the broker runs"
-    assert not store.accept("a", second.token), "the other copy is dropped"
+    assert not store.accept("a", first.token), "a copy of the older release is dropped"
+    assert store.accept("a", second.token), "a copy of the latest release runs"
+    assert store.accept("a", second.token), "the same copy delivered again by the broker runs"
     assert store.count() == 0, "accepting completed the release"
+
+
+def test_a_release_accepted_before_its_lease_lapsed_is_not_published_again(
+    store: ParkStore,
+) -> None:
+    store.park("a", 0.0, message(), "")
+    _, _, (first,) = store.claim(0.0, 0.05, 10, 3600.0)  # published; its releaser dies
+    assert store.accept("a", first.token)
+    time.sleep(0.06)
+    assert store.claim(0.0, 30.0, 10, 3600.0)[2] == []
+    assert store.count() == 0
+
+
+def test_a_task_released_accepted_and_parked_again_runs_from_its_next_release(
+    store: ParkStore,
+) -> None:
+    store.park("a", 0.0, message(), "")
+    _, _, (first,) = store.claim(0.0, 30.0, 10, 3600.0)
+    assert store.accept("a", first.token)
+    assert store.park("a", 0.0, message(), first.token), "deferred again by the gate"
+    _, _, (second,) = store.claim(0.0, 30.0, 10, 3600.0)
+    assert not store.accept("a", first.token), "the earlier copy, delivered again: dropped"
+    assert store.accept("a", second.token)
 
 
 def test_a_stale_copy_of_an_accepted_task_is_not_parked_again(store: ParkStore) -> None:
@@ -74,13 +97,15 @@ def test_a_stale_copy_of_an_accepted_task_is_not_parked_again(store: ParkStore) 
     assert store.count() == 1
 
 
-def test_parking_again_keeps_one_entry_and_voids_the_old_claim(store: ParkStore) -> None:
-    store.park("a", 0.0, message(), "")
-    _, _, (old,) = store.claim(0.0, 30.0, 10, 3600.0)
-    store.park("a", 0.0, message(1), "")
-    assert not store.done(old), "an old claim does not forget the newer entry"
-    _, _, (new,) = store.claim(0.0, 30.0, 10, 3600.0)
-    assert new.message["headers"]["id"] == "id1"
+def test_an_original_delivered_twice_is_parked_once(store: ParkStore) -> None:
+    assert store.park("a", 0.0, message(), "")
+    assert store.park("a", 0.0, message(1), ""), "before its release: the same entry"
+    assert store.count() == 1
+    _, _, (release,) = store.claim(0.0, 30.0, 10, 3600.0)
+    assert release.message["headers"]["id"] == "id1"
+    assert not store.park("a", 0.0, message(), ""), "after its release: a stale copy"
+    assert store.done(release)
+    assert store.count() == 0
 
 
 def test_claims_are_bounded_and_in_release_order(store: ParkStore) -> None:

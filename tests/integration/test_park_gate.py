@@ -1,0 +1,131 @@
+"""Parked tasks through the gate, on real ``celery worker`` processes: a long wait costs
+one re-queue, the rate holds, nothing is lost or run twice; a releasing worker killed
+mid-release loses nothing and runs nothing twice; a parked backlog survives a restart of
+the funnels' Redis (with AOF)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from collections.abc import Iterator
+from functools import partial
+
+import pytest
+import redis
+
+from celery_funnel._park import ParkStore
+from celery_funnel.testing import CeleryWorkers, RedisServer, peak
+from tests.integration.proj import close_app, make_app, runs
+from tests.integration.test_one_gate import ROOT, once_each, pushes, rate, send, workers
+from tests.polling import wait_for
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+
+@pytest.fixture
+def broker() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.mark.parametrize(
+    ("task", "env"),
+    [
+        ("proj.plain", {"FUNNEL_TEST_LIMITS": '{"proj.plain": "3/s"}'}),
+        ("proj.steady", {"FUNNEL_TEST_RATE": "3/s"}),
+    ],
+    ids=["funnel_limits", "FunnelTask"],
+)
+def test_a_long_wait_costs_one_requeue(
+    standalone_url: str, broker: RedisServer, task: str, env: dict[str, str]
+) -> None:
+    """60 tasks through 3/s with a 4 s visibility timeout: waits up to 20 s, ten times
+    the countdown cap. Parked, each deferred task is published once (5.3 without)."""
+    app = make_app(broker.url, standalone_url, task_ignore_result=True)
+    with workers(broker.url, standalone_url, 2, FUNNEL_TEST_VISIBILITY="4", **env) as started:
+        started.wait_ready()
+        with redis.Redis.from_url(broker.url) as client:
+            client.config_resetstat()
+            sent = send(app, task, 60)
+            wait_for(lambda: len(runs(standalone_url)) >= 60, 90)
+            pushed = pushes(client)
+    close_app(app)
+    recorded = once_each(standalone_url, task, set(sent))
+    deferred = [r for r in recorded if r["deferrals"]]
+    requeues = pushed - 60  # every publish (a release, a countdown) is one broker push
+    starts = [r["at"] for r in recorded]
+    print(f"\n{task}: {requeues} re-queues for {len(deferred)} deferred tasks,"
+          f" {rate(starts):.3f}/s, peak {peak(starts)}")  # fmt: skip
+    assert requeues / len(deferred) <= 1.05
+    assert 3 * 0.95 <= rate(starts) <= 3 * 1.05
+    assert peak(starts) <= 3 + 1  # limit + capacity in any second
+    with redis.Redis.from_url(standalone_url) as client:
+        assert ParkStore(client, "funnel:").count() == 0
+
+
+def worker(env: dict[str, str], prefix: str, queue: str = "proj") -> CeleryWorkers:
+    return CeleryWorkers(
+        "tests.integration.proj", 1, env, "-c", "2", "-Q", queue, cwd=ROOT, prefix=prefix
+    )
+
+
+def ran_at_least(url: str, count: int) -> bool:
+    return len(runs(url)) >= count
+
+
+def test_a_releasing_worker_killed_mid_release_loses_nothing_and_runs_nothing_twice(
+    standalone_url: str, broker: RedisServer
+) -> None:
+    """400 tasks through one 10/s funnel, most of them parked. Two workers release
+    them; one also runs them, the other only releases (it consumes a queue nobody
+    sends to) and is SIGKILLed (with its pool) and started again, 20 times, while it
+    releases. Leases last 1 s. Killing a worker that runs tasks loses or repeats what it
+    was running (Celery's acks), which is not what this test is about."""
+    env = {
+        "FUNNEL_TEST_BROKER": broker.url, "FUNNEL_TEST_REDIS": standalone_url,
+        "FUNNEL_TEST_RATE": "10/s", "FUNNEL_TEST_PARK_LEASE": "1",
+    }  # fmt: skip
+    rng = random.Random(20)
+    app = make_app(broker.url, standalone_url, task_ignore_result=True)
+    runner, releaser = worker(env, "run-"), worker(env, "rel-", queue="nobody")
+    try:
+        for group in (runner, releaser):
+            group.start()
+            group.wait_ready()
+        sent = send(app, "proj.steady", 400)
+        for round_ in range(20):
+            # a random moment of its release loop (a release every 0.1 s, each a claim,
+            # a publish and a done)
+            time.sleep(rng.uniform(0.0, 0.5))
+            os.killpg(releaser.processes[0].pid, signal.SIGKILL)  # worker and pool
+            releaser.stop()
+            releaser = worker(env, f"rel{round_}-", queue="nobody")
+            releaser.start()
+            releaser.wait_ready()
+        wait_for(partial(ran_at_least, standalone_url, 400), 120)
+    finally:
+        runner.stop()
+        releaser.stop()
+        close_app(app)
+    recorded = once_each(standalone_url, "proj.steady", set(sent))
+    assert sum(1 for r in recorded if r["deferrals"]) > 300, "most were parked"
+
+
+def test_a_parked_backlog_survives_a_restart_of_the_funnels_redis(broker: RedisServer) -> None:
+    """40 tasks through 4/s, half of them parked, in a funnels' Redis with AOF (fsync
+    always): SIGKILL it while they wait and start it again; every task runs once."""
+    with RedisServer(None, None, "--appendonly", "yes", "--appendfsync", "always") as funnels:
+        app = make_app(broker.url, funnels.url, task_ignore_result=True)
+        with workers(broker.url, funnels.url, 1, FUNNEL_TEST_RATE="4/s") as started:
+            started.wait_ready()
+            sent = send(app, "proj.steady", 40)
+            with redis.Redis.from_url(funnels.url) as client:
+                parked = ParkStore(client, "funnel:")
+                wait_for(lambda: parked.count() >= 10, 30)
+                funnels.kill()
+                funnels.start()
+                wait_for(lambda: len(runs(funnels.url)) >= 40, 90)
+        close_app(app)
+        once_each(funnels.url, "proj.steady", set(sent))
