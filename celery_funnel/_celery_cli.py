@@ -193,7 +193,8 @@ def check_command(ctx: click.Context) -> None:
         backend = runtime.funnel
     except Exception as exc:
         raise click.ClickException(str(exc)) from None
-    findings = check(backend, prefix) if isinstance(backend, RedisFunnel) else []
+    parking = runtime.settings.park
+    findings = check(backend, prefix, parking=parking) if isinstance(backend, RedisFunnel) else []
     for finding in findings:
         ctx.obj.echo(finding.line())
     if any(f.topic in ("scripts", "connection") for f in findings):

@@ -85,7 +85,7 @@ class Runtime:
         funnel = self.funnel
         if not isinstance(funnel, RedisFunnel):
             return []
-        findings = check(funnel, self.settings.key_prefix)
+        findings = check(funnel, self.settings.key_prefix, parking=self.settings.park)
         report(findings, logger)
         return findings
 

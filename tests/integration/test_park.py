@@ -3,6 +3,7 @@ releaser publishing what was parked, at its time, once."""
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -190,3 +191,24 @@ def test_a_revoked_parked_task_never_runs(
     assert [r["id"] for r in runs(redis_url)] == [kept]
     assert received == [kept], "the revoked task was dropped, not published"
     assert app.AsyncResult(revoked).state == "REVOKED"
+
+
+@pytest.mark.parametrize("park", [True, False], ids=["parking", "no parking"])
+def test_a_worker_warns_at_start_when_parked_tasks_would_not_persist(
+    redis_url: str, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture, park: bool
+) -> None:
+    redis_client.flushall()
+    redis_client.config_set("appendonly", "no")
+    redis_client.config_set("save", "")  # the private servers persist nothing
+    app = make_app(redis_url, redis_url, funnel_park=park)
+    caplog.set_level(logging.INFO, logger="celery_funnel")
+    try:
+        with start_worker(app, pool="threads", concurrency=1, perform_ping_check=False):
+            pass
+    finally:
+        close_app(app)
+    warned = [
+        r.getMessage() for r in caplog.records
+        if r.levelno == logging.WARNING and "persistence is off" in r.getMessage()
+    ]  # fmt: skip
+    assert bool(warned) == park, warned
