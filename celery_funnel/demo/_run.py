@@ -34,12 +34,16 @@ def _redis(url: str | None) -> Iterator[str]:
         yield server.url
 
 
-def _starts(client: redis.Redis) -> list[tuple[float, str, int]]:
+Row = tuple[float, str, int, int]  # start time, worker, deferrals, re-queues
+
+
+def _starts(client: redis.Redis) -> list[Row]:
+    """(start time, worker, deferrals, re-queues) of every task that started."""
     rows = []
     for raw in client.lrange(STARTS, 0, -1):
         text = raw.decode() if isinstance(raw, bytes) else str(raw)
-        at, worker, _, deferrals = text.split()
-        rows.append((float(at), worker, int(deferrals)))
+        at, worker, _, deferrals, requeues = text.split()
+        rows.append((float(at), worker, int(deferrals), int(requeues)))
     return rows
 
 
@@ -50,11 +54,11 @@ def _progress(client: redis.Redis, tasks: int, rate: Rate, start: float, timeout
         rows = _starts(client)
         now = time.time()
         finished = len(rows) >= tasks or now - start > timeout
-        last = max((at - start for at, _, _ in rows), default=0.0)
+        last = max((at - start for at, *_ in rows), default=0.0)
         # whole seconds as they pass; at the end, the last partial one too
         while shown < (int(last) + 1 if finished else int(now - start)) and shown < 600:
-            in_second = sum(1 for at, _, _ in rows if shown <= at - start < shown + 1)
-            done = sum(1 for at, _, _ in rows if at - start < shown + 1)
+            in_second = sum(1 for at, *_ in rows if shown <= at - start < shown + 1)
+            done = sum(1 for at, *_ in rows if at - start < shown + 1)
             print(
                 f"{shown:>6} | {in_second:>7} | {rate.per_second:>5g} | {done:>4}/{tasks:<4} |"
                 f" {tasks - done}",
@@ -66,8 +70,8 @@ def _progress(client: redis.Redis, tasks: int, rate: Rate, start: float, timeout
         time.sleep(0.1)
 
 
-def _summary(rows: list[tuple[float, str, int]], tasks: int, rate: Rate, capacity: int) -> None:
-    starts = sorted(at for at, _, _ in rows)
+def _summary(rows: list[Row], tasks: int, rate: Rate, capacity: int) -> None:
+    starts = sorted(at for at, *_ in rows)
     most = peak(starts)
     span = starts[-1] - starts[0] if len(starts) > 1 else 0.0
     steady = (len(starts) - capacity) / span if span else float("nan")
@@ -75,11 +79,12 @@ def _summary(rows: list[tuple[float, str, int]], tasks: int, rate: Rate, capacit
     print(f"  limit                 {rate} (capacity {capacity})")
     print(f"  after the first burst {steady:.2f} starts/s")
     print(f"  most in any 1 s       {most} (limit + capacity = {rate.per_second + capacity:g})")
+    deferred = [row for row in rows if row[2]]
     print(
-        f"  deferred, re-queued   {sum(1 for *_, d in rows if d)} tasks,"
-        f" {sum(d for *_, d in rows)} times"
+        f"  deferred              {len(deferred)} tasks, {sum(row[2] for row in rows)} times;"
+        f" re-queued {sum(row[3] for row in rows)} times (held in the workers otherwise)"
     )
-    for worker, count in sorted(Counter(w for _, w, _ in rows).items()):
+    for worker, count in sorted(Counter(row[1] for row in rows).items()):
         print(f"  {worker:<22}{count} tasks")
 
 

@@ -36,7 +36,7 @@ _store = redis.Redis.from_url(URL)
 )
 def job(n: int) -> None:
     """One unit of demo work: record when and where it started."""
-    deferrals = (job.request.headers or {}).get("celery_funnel", {}).get("deferrals", 0)
-    _store.rpush(
-        STARTS, f"{time.time()} {job.request.hostname or socket.gethostname()} {n} {deferrals}"
-    )
+    state = (job.request.headers or {}).get("celery_funnel", {})
+    deferrals, requeues = state.get("deferrals", 0), state.get("requeues", 0)
+    worker = job.request.hostname or socket.gethostname()
+    _store.rpush(STARTS, f"{time.time()} {worker} {n} {deferrals} {requeues}")
