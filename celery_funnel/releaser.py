@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from celery import bootsteps
@@ -45,6 +46,10 @@ def publish(app: Any, release: Release) -> None:
     headers[HEADER] = {**(headers.get(HEADER) or {}), "release": release.token}
     properties = dict(message["properties"])
     delivery_mode = properties.pop("delivery_mode", None)
+    expiration = properties.pop("expiration", None)  # a message TTL (ms, from expires)
+    if expiration is not None:  # what is left of it after the time parked
+        parked_for = time.time() - float(message["meta"]["parked_at"])
+        expiration = max(float(expiration) / 1000 - parked_for, 0.001)
     queues = app.amqp.queues
     declare = [queues[name] for name in message["declare"] if name in queues]
     with app.producer_or_acquire() as producer:
@@ -52,7 +57,7 @@ def publish(app: Any, release: Release) -> None:
             message["body"], exchange=message["exchange"], routing_key=message["routing_key"],
             headers=headers, content_type=message["content_type"],
             content_encoding=message["content_encoding"], priority=message["priority"],
-            delivery_mode=delivery_mode, declare=declare, retry=True,
+            delivery_mode=delivery_mode, expiration=expiration, declare=declare, retry=True,
             retry_policy={"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5},
             **properties,
         )  # fmt: skip
@@ -97,7 +102,7 @@ class Releaser:
         self._failing = True
         # an outage of the funnels' Redis is reported once by the gates (WARNING)
         level = logging.INFO if isinstance(error, BackendError) else logging.ERROR
-        logger.log(level, "celery-funnel: releasing parked tasks failed: %s", error)
+        logger.log(level, "celery-funnel: releasing parked tasks failed: %s", error, exc_info=True)
 
     def _drop(self, release: Release) -> None:
         """A revoked task: never published; its result says REVOKED, as Celery's would."""

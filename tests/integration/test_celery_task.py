@@ -158,7 +158,7 @@ def test_waits_longer_than_the_cap_requeue_at_the_cap_and_keep_their_slot(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
     redis_client.flushall()
-    app = make_app(redis_url, redis_url, funnel_max_countdown=0.5)
+    app = make_app(redis_url, redis_url, funnel_max_countdown=0.5, funnel_park=False)
     with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
         results = [app.tasks["proj.slow"].delay(i) for i in range(2)]  # 1 per 2 s
         assert sorted(r.get(timeout=20) for r in results) == [0, 1]
@@ -207,7 +207,11 @@ def test_worker_gate_gives_long_waits_back_to_the_broker(
     its slot."""
     redis_client.flushall()
     app = make_app(
-        redis_url, redis_url, funnel_limits={"proj.plain": "1/2s"}, funnel_max_countdown=0.5
+        redis_url,
+        redis_url,
+        funnel_limits={"proj.plain": "1/2s"},
+        funnel_max_countdown=0.5,
+        funnel_park=False,
     )
     with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
         results = [app.tasks["proj.plain"].delay(i) for i in range(2)]

@@ -212,13 +212,14 @@ class Deliveries:
         })  # fmt: skip
 
 
+@pytest.mark.parametrize("park", [True, False], ids=["parked", "countdown"])
 @pytest.mark.parametrize(
     ("task", "conf"),
     [("proj.plain", {"funnel_limits": {"proj.plain": "1/s"}}), ("proj.slow", {})],
     ids=["funnel_limits", "FunnelTask"],
 )
 def test_republish_keeps_everything_the_task_was_sent_with(
-    redis_url: str, redis_client: redis.Redis, task: str, conf: dict[str, Any]
+    redis_url: str, redis_client: redis.Redis, task: str, conf: dict[str, Any], park: bool
 ) -> None:
     """A task published again by the gate arrives with what it was first sent with
     (FunnelTask's re-publish lost the serializer, so pickled tasks failed with
@@ -227,7 +228,7 @@ def test_republish_keeps_everything_the_task_was_sent_with(
     other = Queue("other", Exchange("other", type="direct"), routing_key="other.key")
     app = make_app(
         redis_url, redis_url, funnel_max_countdown=0.3, accept_content=["json", "pickle"],
-        task_queues=[Queue("proj"), other], **conf,
+        task_queues=[Queue("proj"), other], funnel_park=park, **conf,
     )  # fmt: skip
     deliveries = Deliveries()
     signals.task_received.connect(deliveries, weak=False)

@@ -172,8 +172,8 @@ def test_a_revoked_parked_task_never_runs(
     app: Celery, redis_url: str, redis_client: redis.Redis
 ) -> None:
     store = ParkStore(redis_client, "funnel:")
-    revoked = park_task(app, store, 3.0, 0)
-    kept = park_task(app, store, 3.0, 1)
+    revoked = park_task(app, store, 60.0, 0)
+    kept = park_task(app, store, 60.0, 1)
     received: list[str] = []
 
     def on_received(request: Any, **_: Any) -> None:
@@ -183,9 +183,10 @@ def test_a_revoked_parked_task_never_runs(
     try:
         with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
             app.control.revoke(revoked)
-            wait_for(lambda: revoked in worker_state.revoked, 5)  # before its release
+            wait_for(lambda: revoked in worker_state.revoked, 20)
+            assert store.purge(release=True) == 2  # due now
             wait_for(lambda: len(runs(redis_url)) == 1, 20)
-            wait_for(lambda: store.count() == 0, 5)
+            wait_for(lambda: store.count() == 0, 20)
     finally:
         signals.task_received.disconnect(on_received)
     assert [r["id"] for r in runs(redis_url)] == [kept]
