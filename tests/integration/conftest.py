@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -86,3 +88,23 @@ def _fresh_worker_state() -> Iterator[None]:
     yield
     _set_task_join_will_block(False)
     set_event_loop(None)
+
+
+AMQP = os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
+
+
+def _rabbitmq_up() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 5672), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def amqp_url() -> str:
+    if not _rabbitmq_up():
+        if os.environ.get("CI"):
+            pytest.fail("RabbitMQ is not listening on 127.0.0.1:5672 and CI is set")
+        pytest.skip("RabbitMQ is not listening on 127.0.0.1:5672")
+    return AMQP

@@ -3,9 +3,7 @@ quorum queues. Skipped when RabbitMQ is not there, unless CI is set: then it fai
 
 from __future__ import annotations
 
-import os
 import re
-import socket
 import subprocess
 import uuid
 from pathlib import Path
@@ -21,24 +19,6 @@ from tests.polling import wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.rabbitmq]
 ROOT = str(Path(__file__).resolve().parents[2])
-AMQP = os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
-
-
-def _rabbitmq_up() -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", 5672), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
-@pytest.fixture
-def amqp_url() -> str:
-    if not _rabbitmq_up():
-        if os.environ.get("CI"):
-            pytest.fail("RabbitMQ is not listening on 127.0.0.1:5672 and CI is set")
-        pytest.skip("RabbitMQ is not listening on 127.0.0.1:5672")
-    return AMQP
 
 
 @pytest.mark.parametrize("quorum", [False, True], ids=["classic", "quorum"])

@@ -9,11 +9,14 @@ import os
 import random
 import signal
 import time
+import uuid
 from collections.abc import Iterator
 from functools import partial
 
 import pytest
 import redis
+from kombu.connection import Connection
+from kombu.entity import Queue
 
 from celery_funnel._park import ParkStore
 from celery_funnel.testing import CeleryWorkers, RedisServer, peak
@@ -129,3 +132,35 @@ def test_a_parked_backlog_survives_a_restart_of_the_funnels_redis(broker: RedisS
                 wait_for(lambda: len(runs(funnels.url)) >= 40, 90)
         close_app(app)
         once_each(funnels.url, "proj.steady", set(sent))
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.parametrize("quorum", [False, True], ids=["classic", "quorum"])
+def test_parked_tasks_are_released_to_their_rabbitmq_queue(
+    amqp_url: str, standalone_url: str, quorum: bool
+) -> None:
+    """30 tasks through 3/s on RabbitMQ (waits up to 10 s: most parked): released to the
+    queue they were sent to (a topic exchange for the quorum queue), each once, one
+    re-queue per deferred task, at the funnel's rate."""
+    queue = f"funnel-park-{uuid.uuid4().hex[:8]}"
+    env = {
+        "FUNNEL_TEST_BROKER": amqp_url, "FUNNEL_TEST_REDIS": standalone_url,
+        "FUNNEL_TEST_QUEUE": queue, "FUNNEL_TEST_QUORUM": "1" if quorum else "0",
+        "FUNNEL_TEST_RATE": "3/s",
+    }  # fmt: skip
+    app = make_app(amqp_url, standalone_url, queue=queue, quorum=quorum, task_ignore_result=True)
+    try:
+        with CeleryWorkers("tests.integration.proj", 2, env, "-c", "2", "-Q", queue, cwd=ROOT):
+            sent = send(app, "proj.steady", 30)
+            wait_for(partial(ran_at_least, standalone_url, 30), 90)
+        recorded = once_each(standalone_url, "proj.steady", set(sent))
+    finally:
+        close_app(app)
+        with Connection(amqp_url) as connection:
+            Queue(queue, channel=connection.channel()).delete()
+    deferred = [r for r in recorded if r["deferrals"]]
+    parked = [r for r in recorded if r["requeues"]]
+    assert len(parked) >= 10, "waits past 5 s were parked"
+    assert sum(r["requeues"] for r in recorded) / len(deferred) <= 1.05
+    starts = [r["at"] for r in recorded]
+    assert 3 * 0.95 <= rate(starts) <= 3 * 1.05
