@@ -4,6 +4,7 @@ until their release time (``_park``), listed, released now, or deleted."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -72,6 +73,20 @@ def parked(ctx: click.Context, name: str | None, limit: int, as_json: bool) -> N
         ctx.obj.echo(f"  {row['task_id']}  {row['task']}  release {row['release']}")
 
 
+def _acting(command: Callable[..., None]) -> click.Command:
+    """The options of a command that acts on a funnel's parked tasks, or --all."""
+    decorators: tuple[Callable[[Any], Any], ...] = (
+        click.pass_context,
+        click.option("--yes", is_flag=True, help="Do not ask for confirmation."),
+        click.option("--all", "everything", is_flag=True, help="Every funnel's parked tasks."),
+        click.argument("name", required=False),
+    )
+    for decorate in decorators:
+        command = decorate(command)
+    made: click.Command = click.command(cls=CeleryCommand)(command)  # type: ignore[no-untyped-call]
+    return made
+
+
 def _act(ctx: click.Context, name: str | None, everything: bool, yes: bool, release: bool) -> None:
     if everything == bool(name):
         raise click.UsageError("give a funnel NAME or --all")
@@ -91,21 +106,13 @@ def _act(ctx: click.Context, name: str | None, everything: bool, yes: bool, rele
     ctx.obj.echo(f"{'released' if release else 'purged'} {done} parked tasks")
 
 
-@click.command(cls=CeleryCommand)
-@click.argument("name", required=False)
-@click.option("--all", "everything", is_flag=True, help="Every funnel's parked tasks.")
-@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-@click.pass_context
+@_acting
 def release(ctx: click.Context, name: str | None, everything: bool, yes: bool) -> None:
     """Release the tasks parked by funnel NAME (or --all) now, ahead of their slots."""
     _act(ctx, name, everything, yes, release=True)
 
 
-@click.command(cls=CeleryCommand)
-@click.argument("name", required=False)
-@click.option("--all", "everything", is_flag=True, help="Every funnel's parked tasks.")
-@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-@click.pass_context
+@_acting
 def purge(ctx: click.Context, name: str | None, everything: bool, yes: bool) -> None:
     """Delete the tasks parked by funnel NAME (or --all): they never run."""
     _act(ctx, name, everything, yes, release=False)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any
 
 from celery import Task
 
@@ -29,28 +29,6 @@ OPTIONS = (
 _FIELDS = ("rate", "capacity", "strategy", "key", "cost")  # funnel_<field> options
 _DEFAULTS = {"capacity": 1, "strategy": "gcra", "key": None, "cost": 1}  # FunnelTask's
 _ABSTRACT_RUN = Task.__dict__["run"]
-
-
-class Deferral(NamedTuple):
-    """What the header carries from one run of a task to the next."""
-
-    deferrals: int = 0  # times deferred so far
-    booked: bool = False  # a slot is booked under the task id
-    stale: int = 0  # times its ticket came too late (the late grace doubles each time)
-    outages: int = 0  # deferrals in a row because the funnel's Redis failed
-
-    @classmethod
-    def from_headers(cls, headers: Mapping[str, Any] | None) -> Deferral:
-        raw = (headers or {}).get(HEADER) or {}
-        return cls(
-            int(raw.get("deferrals", 0)),
-            bool(raw.get("booked")),
-            int(raw.get("stale", 0)),
-            int(raw.get("outages", 0)),
-        )
-
-    def header(self) -> dict[str, Any]:
-        return self._asdict()
 
 
 Getter = Callable[[str], Any]  # an option's value by name (None when unset)

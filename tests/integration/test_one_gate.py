@@ -86,8 +86,8 @@ def test_funnel_task_under_a_matching_worker_limit_is_charged_once(
     assert 5 * 0.95 <= measured <= 5 * 1.05
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
+# a long wait, in both gates' modes: 60 tasks through 3/s
+LONG_WAITS = pytest.mark.parametrize(
     ("task", "env"),
     [
         ("proj.plain", {"FUNNEL_TEST_LIMITS": '{"proj.plain": "3/s"}'}),
@@ -95,6 +95,10 @@ def test_funnel_task_under_a_matching_worker_limit_is_charged_once(
     ],
     ids=["funnel_limits", "FunnelTask"],
 )
+
+
+@pytest.mark.slow
+@LONG_WAITS
 def test_long_waits_are_published_again_once_per_countdown_cap(
     standalone_url: str, broker: RedisServer, task: str, env: dict[str, str]
 ) -> None:

@@ -21,7 +21,7 @@ from kombu.entity import Queue
 from celery_funnel._park import ParkStore
 from celery_funnel.testing import CeleryWorkers, RedisServer, peak
 from tests.integration.proj import close_app, make_app, runs
-from tests.integration.test_one_gate import ROOT, once_each, pushes, rate, send, workers
+from tests.integration.test_one_gate import LONG_WAITS, ROOT, once_each, pushes, rate, send, workers
 from tests.polling import wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -33,14 +33,7 @@ def broker() -> Iterator[RedisServer]:
         yield server
 
 
-@pytest.mark.parametrize(
-    ("task", "env"),
-    [
-        ("proj.plain", {"FUNNEL_TEST_LIMITS": '{"proj.plain": "3/s"}'}),
-        ("proj.steady", {"FUNNEL_TEST_RATE": "3/s"}),
-    ],
-    ids=["funnel_limits", "FunnelTask"],
-)
+@LONG_WAITS
 def test_a_long_wait_costs_one_requeue(
     standalone_url: str, broker: RedisServer, task: str, env: dict[str, str]
 ) -> None:
