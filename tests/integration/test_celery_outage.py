@@ -19,6 +19,7 @@ from tests.integration.proj import close_app, make_app, runs
 from tests.polling import wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
+ONE_REDIS = True  # one Redis version is enough here (tests/conftest.py)
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from celery_funnel._keys import limit_key, task_key
 from celery_funnel.testing import free_port
 
 pytestmark = pytest.mark.redis
+ONE_REDIS = True  # one Redis version is enough here (tests/conftest.py)
 ROOT = str(Path(__file__).resolve().parents[2])
 
 

@@ -15,6 +15,7 @@ from tests.integration.test_cli import celery_funnel
 from tests.integration.test_park import message
 
 pytestmark = pytest.mark.redis
+ONE_REDIS = True  # one Redis version is enough here (tests/conftest.py)
 
 
 def test_parked_tasks_are_shown_released_and_purged(

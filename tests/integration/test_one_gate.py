@@ -25,6 +25,7 @@ from tests.integration.proj import close_app, make_app, runs
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.redis
+ONE_REDIS = True  # one Redis version is enough here (tests/conftest.py)
 ROOT = str(Path(__file__).resolve().parents[2])
 
 
