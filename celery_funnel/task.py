@@ -119,6 +119,7 @@ class FunnelTask(Task):  # type: ignore[misc]
     def funnel_backoff(self, seconds: float) -> None:
         """The upstream refused this task (an HTTP 429 with Retry-After, say): hold the
         task's funnels for ``seconds`` for every worker, and defer this task until then.
+        ``seconds`` of 0 or less ("Retry-After: 0") holds nothing: the task books afresh.
 
         Call it from the task body; it does not return (it ends the run with
         ``Ignore``, the task being published again). Needs GCRA funnels.
@@ -136,9 +137,11 @@ class FunnelTask(Task):  # type: ignore[misc]
         runtime = runtime_for(self.app)
         args, kwargs = request.args or (), request.kwargs or {}
         keys = self._funnel_keys(runtime, limits, args, kwargs)
+        seconds = max(float(seconds), 0.0)
         for limit, key in zip(limits, keys, strict=True):
             rate = limit.rate
-            runtime.funnel.hold(key, limit.capacity - 1, rate.count, rate.period, seconds)
+            if seconds > 0:
+                runtime.funnel.hold(key, limit.capacity - 1, rate.count, rate.period, seconds)
         # the hold voided every booking, this task's too: it books afresh on return
         state = State.from_headers(request.headers)
         state = state._replace(deferrals=state.deferrals + 1, booked=False, passed=())

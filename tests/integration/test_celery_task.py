@@ -14,6 +14,7 @@ from celery.contrib.testing.worker import start_worker
 from celery.result import _set_task_join_will_block
 from kombu.asynchronous import set_event_loop
 
+from celery_funnel import FunnelTask
 from tests.integration.proj import close_app, make_app, runs
 from tests.polling import wait_for
 
@@ -183,6 +184,26 @@ def test_an_upstream_429_holds_the_funnel_for_every_task(
     starts = {r["args"][0]: r["at"] for r in runs(redis_url)}
     assert min(starts.values()) >= held_at + 0.8  # nothing ran during the hold
     assert len(starts) == 4
+
+
+def test_a_retry_after_of_zero_defers_without_holding(redis_url: str) -> None:
+    """``Retry-After: 0`` (an upstream's window just passed): nothing is held, the task
+    is deferred once and runs (it failed with a ConfigurationError from the hold)."""
+    app = make_app(redis_url, redis_url)
+    tries: list[int] = []
+
+    @app.task(base=FunnelTask, bind=True, shared=False, name="t.zero", funnel_rate="100/s")
+    def zero(self: Any) -> int:
+        tries.append(1)
+        if len(tries) == 1:
+            self.funnel_backoff(0.0)
+        return len(tries)
+
+    try:
+        with start_worker(app, pool="threads", concurrency=1, perform_ping_check=False):
+            assert zero.delay().get(timeout=20) == 2
+    finally:
+        close_app(app)
 
 
 def test_several_limits_on_one_task_hold_all_at_once(
