@@ -13,7 +13,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from celery.app.task import get_actual_ignore_result
 from kombu.serialization import registry
 
 from ._park import ParkStore, capture
@@ -46,6 +45,13 @@ def message_options(
     return options
 
 
+def _ignore_result(task: Any, context: Any) -> bool:
+    """The run's own ``ignore_result`` when its message set one, else the task's (what
+    Celery 5.4+ calls ``get_actual_ignore_result``; Celery 5.3 has no such function)."""
+    own = vars(context).get("ignore_result") if hasattr(context, "__dict__") else None
+    return bool(task.ignore_result if own is None else own)
+
+
 def _signature(
     task: Any,
     context: Any,
@@ -65,7 +71,7 @@ def _signature(
     # Published with ignore_result=True, the header saying what the task was sent with:
     # the worker reads the header, and this publish subscribes to no result (Celery's
     # result consumer would listen for every deferred task in the publishing thread).
-    headers["ignore_result"] = bool(get_actual_ignore_result(task, context))
+    headers["ignore_result"] = _ignore_result(task, context)
     options = message_options(context, content_type, content_encoding)
     return task.signature_from_request(
         context, args, kwargs, countdown=countdown, headers=headers, **options
