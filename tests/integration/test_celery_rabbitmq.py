@@ -22,18 +22,21 @@ ONE_REDIS = True  # one Redis version is enough here (tests/conftest.py)
 ROOT = str(Path(__file__).resolve().parents[2])
 
 
+def worker_env(amqp_url: str, redis_url: str, queue: str, **more: str) -> dict[str, str]:
+    """The environment of the test project's workers on RabbitMQ queue ``queue``."""
+    return {
+        "FUNNEL_TEST_BROKER": amqp_url, "FUNNEL_TEST_REDIS": redis_url,
+        "FUNNEL_TEST_QUEUE": queue, **more,
+    }  # fmt: skip
+
+
 @pytest.mark.parametrize("quorum", [False, True], ids=["classic", "quorum"])
 def test_two_workers_share_one_funnel_on_rabbitmq(
     amqp_url: str, redis_url: str, redis_client: redis.Redis, quorum: bool
 ) -> None:
     redis_client.flushall()
     queue = f"funnel-test-{uuid.uuid4().hex[:8]}"
-    env = {
-        "FUNNEL_TEST_BROKER": amqp_url,
-        "FUNNEL_TEST_REDIS": redis_url,
-        "FUNNEL_TEST_QUEUE": queue,
-        "FUNNEL_TEST_QUORUM": "1" if quorum else "0",
-    }
+    env = worker_env(amqp_url, redis_url, queue, FUNNEL_TEST_QUORUM="1" if quorum else "0")
     app = make_app(amqp_url, redis_url, queue=queue, quorum=quorum)
     try:
         with CeleryWorkers("tests.integration.proj", 2, env, "-c", "2", "-Q", queue, cwd=ROOT):
@@ -86,12 +89,7 @@ def test_connection_cut_while_tasks_are_held_runs_each_once_on_rabbitmq(
     the held copies are dropped with the connection (10 of 16 ran twice before)."""
     redis_client.flushall()
     queue = f"funnel-test-{uuid.uuid4().hex[:8]}"
-    env = {
-        "FUNNEL_TEST_BROKER": amqp_url,
-        "FUNNEL_TEST_REDIS": redis_url,
-        "FUNNEL_TEST_QUEUE": queue,
-        "FUNNEL_TEST_LIMITS": '{"proj.plain": "2/s"}',
-    }
+    env = worker_env(amqp_url, redis_url, queue, FUNNEL_TEST_LIMITS='{"proj.plain": "2/s"}')
     app = make_app(amqp_url, redis_url, queue=queue, task_ignore_result=True)
     try:
         with CeleryWorkers("tests.integration.proj", 1, env, "-c", "2", "-Q", queue, cwd=ROOT) as w:

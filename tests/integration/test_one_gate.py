@@ -107,25 +107,34 @@ def test_long_waits_are_published_again_once_per_countdown_cap(
     off: each task is published again at most once per 2 s it waits, never in a loop
     (the worker gate cost 13,081 re-queues, 222 per deferred task); none lost, none run
     twice. (With parking, the default, any wait costs one: test_park_gate.py.)"""
-    app = make_app(broker.url, standalone_url, task_ignore_result=True)
-    env = {**env, "FUNNEL_TEST_PARK": "0"}
-    with workers(broker.url, standalone_url, 1, FUNNEL_TEST_VISIBILITY="4", **env) as started:
-        started.wait_ready()
-        with redis.Redis.from_url(broker.url) as client:
-            client.config_resetstat()
-            sent = send(app, task, 60)
-            wait_for(lambda: len(runs(standalone_url)) >= 60, 90)
-            pushed = pushes(client)
-    close_app(app)
-    recorded = once_each(standalone_url, task, set(sent))
+    sent, recorded, requeues = long_wait_run(
+        broker.url, standalone_url, task, 1, {**env, "FUNNEL_TEST_PARK": "0"}
+    )
     deferred = [r for r in recorded if r["deferrals"]]
-    requeues = pushed - 60  # every publish and every give-back is one push on the broker
     print(f"\n{task}: {requeues} re-queues for {len(deferred)} deferred tasks")
     assert requeues == sum(r["requeues"] for r in recorded)
     for r in recorded:
         waited = r["at"] - sent[r["id"]]
         assert r["requeues"] <= math.ceil(waited / 2.0) + 1, r
     assert requeues / len(deferred) <= 20 / 2 / 2 + 1  # waits average 10 s: ~5 each
+
+
+def long_wait_run(
+    broker_url: str, funnel_url: str, task: str, count: int, env: dict[str, str]
+) -> tuple[dict[str, float], list[dict[str, Any]], int]:
+    """60 ``task``s through ``count`` workers with a 4 s visibility timeout: when each was
+    sent, the run records (each ran once), and the re-queues (broker pushes beyond the 60
+    sends: every publish again, a release or a countdown, is one push)."""
+    app = make_app(broker_url, funnel_url, task_ignore_result=True)
+    with workers(broker_url, funnel_url, count, FUNNEL_TEST_VISIBILITY="4", **env) as started:
+        started.wait_ready()
+        with redis.Redis.from_url(broker_url) as client:
+            client.config_resetstat()
+            sent = send(app, task, 60)
+            wait_for(lambda: len(runs(funnel_url)) >= 60, 90)
+            pushed = pushes(client)
+    close_app(app)
+    return sent, once_each(funnel_url, task, set(sent)), pushed - 60
 
 
 def pushes(client: redis.Redis) -> int:

@@ -21,7 +21,15 @@ from kombu.entity import Queue
 from celery_funnel._park import ParkStore
 from celery_funnel.testing import CeleryWorkers, RedisServer, peak
 from tests.integration.proj import close_app, make_app, runs
-from tests.integration.test_one_gate import LONG_WAITS, ROOT, once_each, pushes, rate, send, workers
+from tests.integration.test_one_gate import (
+    LONG_WAITS,
+    ROOT,
+    long_wait_run,
+    once_each,
+    rate,
+    send,
+    workers,
+)
 from tests.polling import wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -39,18 +47,8 @@ def test_a_long_wait_costs_one_requeue(
 ) -> None:
     """60 tasks through 3/s with a 4 s visibility timeout: waits up to 20 s, ten times
     the countdown cap. Parked, each deferred task is published once (5.3 without)."""
-    app = make_app(broker.url, standalone_url, task_ignore_result=True)
-    with workers(broker.url, standalone_url, 2, FUNNEL_TEST_VISIBILITY="4", **env) as started:
-        started.wait_ready()
-        with redis.Redis.from_url(broker.url) as client:
-            client.config_resetstat()
-            sent = send(app, task, 60)
-            wait_for(lambda: len(runs(standalone_url)) >= 60, 90)
-            pushed = pushes(client)
-    close_app(app)
-    recorded = once_each(standalone_url, task, set(sent))
+    _, recorded, requeues = long_wait_run(broker.url, standalone_url, task, 2, env)
     deferred = [r for r in recorded if r["deferrals"]]
-    requeues = pushed - 60  # every publish (a release, a countdown) is one broker push
     starts = [r["at"] for r in recorded]
     print(f"\n{task}: {requeues} re-queues for {len(deferred)} deferred tasks,"
           f" {rate(starts):.3f}/s, peak {peak(starts)}")  # fmt: skip
