@@ -26,6 +26,7 @@ VENV = Path(os.environ.get("CELERY_FUNNEL_VENV") or ROOT / ".venv")
 # The oldest releases pyproject.toml admits; `compat` runs the Celery tests on them
 # (with Python 3.10) and on the newest ones (with the newest Python found here).
 OLDEST = ("celery[redis]==5.3.0", "kombu==5.3.0", "redis==5.0.0")
+PARALLEL = 3  # pytest processes of `test` (tests marked exclusive run alone after them)
 COMPAT_TESTS = (
     "tests/unit",
     "tests/integration/test_celery_task.py",
@@ -125,7 +126,14 @@ def main(argv: list[str]) -> None:
         sh(py, "-m", "ruff", "check", ".")
         sh(py, "-m", "ruff", "format", "--check", ".")
         sh(py, "-m", "mypy")
-        sh(py, "-m", "pytest", *rest)
+        if rest:
+            sh(py, "-m", "pytest", *rest)
+        else:
+            # most tests wait on funnels, workers and servers, not on the CPU: they run
+            # in parallel; the few that measure what the CPU can keep up with
+            # (``exclusive``) run after, alone
+            sh(py, "-m", "pytest", "-n", str(PARALLEL), "--dist", "loadfile", "-m", "not exclusive")
+            sh(py, "-m", "pytest", "-m", "exclusive")
     elif command == "demo":
         py = ensure("demo")
         sh(py, "-m", "celery_funnel", "demo", *rest)

@@ -192,6 +192,7 @@ def test_sixty_seconds_of_clock_skew_between_two_workers(funnel_url: str) -> Non
     assert workers == {"fast1", "normal1"}, "both clocks took part"
 
 
+@pytest.mark.exclusive
 def test_a_burst_of_ten_thousand_tasks_on_one_funnel(funnel_url: str) -> None:
     app = make_app(funnel_url, funnel_url, task_ignore_result=True)
     with start_workers(funnel_url, funnel_url, env={"FUNNEL_TEST_RATE": "500/s"}):

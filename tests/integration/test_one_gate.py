@@ -144,6 +144,7 @@ def pushes(client: redis.Redis) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive
 @pytest.mark.parametrize("limit", [40, 100])
 @pytest.mark.parametrize("mode", ["funnel_limits", "FunnelTask"])
 def test_two_workers_hold_high_rates_within_five_percent(
