@@ -1,0 +1,115 @@
+"""One round trip per decision (issue 18): every command that clients send to the
+funnels' Redis while a real worker decides tasks, read with MONITOR, set against the
+decisions the gate reported (its signals: one per decision)."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery.contrib.testing.worker import start_worker
+
+from celery_funnel import FunnelTask
+from celery_funnel.strategies import fixed_window, gcra, reservation
+from celery_funnel.testing import RedisServer
+from tests.integration.conftest import Recorder
+from tests.integration.proj import close_app, make_app
+
+pytestmark = pytest.mark.redis
+ONE_REDIS = True  # one Redis version is enough here (tests/conftest.py)
+
+DECISION_SCRIPTS = {s.sha: s.name for s in (gcra.SCRIPT, reservation.SCRIPT, fixed_window.SCRIPT)}
+DECISIONS = ("task_admitted", "task_deferred", "task_refused")
+
+
+class Monitor:
+    """The commands clients send to a Redis, in a thread, until stopped (script calls
+    made inside EVALSHA are left out: they are not round trips)."""
+
+    def __init__(self, url: str) -> None:
+        self.client = redis.Redis.from_url(url, socket_timeout=0.2)
+        self.commands: list[list[str]] = []
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with self.client.monitor() as monitor:
+            self._ready.set()
+            while not self._stop.is_set():
+                try:
+                    got: dict[str, Any] = monitor.next_command()
+                except redis.TimeoutError:
+                    continue
+                if got.get("client_type") != "lua":
+                    self.commands.append(str(got["command"]).split())
+
+    def __enter__(self) -> Monitor:
+        self._thread.start()
+        self._ready.wait(5)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.client.close()
+
+
+@pytest.fixture
+def funnels() -> Iterator[str]:
+    """A Redis that holds the funnels and nothing else (broker and results elsewhere)."""
+    with RedisServer() as server:
+        yield server.url
+
+
+@pytest.mark.parametrize(
+    ("task", "options", "limits"),
+    [
+        ("rt.never", {"funnel_rate": "1000000/s", "funnel_capacity": 1000}, {}),
+        ("rt.limited", {"funnel_rate": "20/s"}, {}),
+        ("rt.both", {"funnel_rate": "20/s"}, {"rt.both": "30/s"}),
+        ("rt.plain", {}, {"rt.plain": "20/s"}),
+        ("rt.window", {"funnel_rate": "20/s", "funnel_strategy": "fixed_window"}, {}),
+        pytest.param(
+            "rt.mixed",
+            {"funnel_rate": "20/s", "funnel_strategy": "fixed_window"},
+            {"rt.mixed": "30/s"},
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="funnels of different strategies are decided one script each:"
+                " two round trips per decision (issue 18, open)",
+            ),
+        ),
+    ],
+)
+def test_every_decision_is_one_round_trip(
+    redis_url: str, funnels: str, recorder: Recorder, task: str, options: dict[str, Any],
+    limits: dict[str, str],
+) -> None:  # fmt: skip
+    redis.Redis.from_url(redis_url).flushall()
+    app = make_app(redis_url, funnels, store_url=redis_url, funnel_limits=limits)
+    base = {"base": FunnelTask, **options} if options else {}
+
+    @app.task(shared=False, name=task, **base)
+    def run(n: int) -> int:
+        return n
+
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False):
+        assert run.delay(-1).get(timeout=20) == -1  # scripts loaded, connections made
+        before = sum(len(recorder.of(name)) for name in DECISIONS)
+        with Monitor(funnels) as monitor:
+            results = [run.delay(n) for n in range(12)]
+            assert [r.get(timeout=60) for r in results] == list(range(12))
+        decisions = sum(len(recorder.of(name)) for name in DECISIONS) - before
+    close_app(app)
+    kinds = Counter(c[0].upper() for c in monitor.commands)
+    evalshas = [c[1] for c in monitor.commands if c[0].upper() == "EVALSHA"]
+    scripts = Counter(DECISION_SCRIPTS.get(sha, sha) for sha in evalshas)
+    assert set(kinds) <= {"EVALSHA"}, kinds
+    decided = sum(n for name, n in scripts.items() if name in DECISION_SCRIPTS.values())
+    assert decisions >= 12
+    assert decided == decisions, (scripts, decisions)
