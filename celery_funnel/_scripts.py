@@ -46,6 +46,11 @@ def _read(name: str) -> str:
 Eval = Callable[[Script, Sequence[str], Sequence[Arg]], Reply]
 """How a strategy runs a script: ``eval(script, keys, args) -> reply``."""
 
+Call = tuple[Script, Sequence[str], Sequence[Arg]]
+EvalMany = Callable[[Sequence[Call]], list[Reply]]
+"""How a batch runs many scripts in one round trip: ``eval_many(calls) -> replies``,
+each call atomic on its own, the replies in the calls' order."""
+
 
 def clock_arg(now_us: int | None) -> Arg:
     """The ``now`` argument of every script: microseconds, or "" for the server's TIME."""

@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 from .._decision import Decision, Reservation
-from .._scripts import Arg, Reply, Script
+from .._scripts import Arg, Call, Reply, Script
 from ..strategies import fixed_window, gcra, hold, reservation, sliding_log, sliding_window
 from ..strategies.reservation import Shape
 
@@ -27,6 +27,10 @@ class Funnel(ABC):
     def _eval(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
         """Run ``script`` atomically on ``keys`` with ``args``."""
 
+    def _eval_many(self, calls: Sequence[Call]) -> list[Reply]:
+        """Run each call atomically, in order; one round trip where the store allows."""
+        return [self._eval(*call) for call in calls]
+
     def throttle(
         self,
         key: str,
@@ -44,6 +48,18 @@ class Funnel(ABC):
         above the limit is refused with ``retry_after == -1.0``.
         """
         return gcra.throttle(self._eval, key, max_burst, count, period, quantity, now)
+
+    def throttle_many(
+        self, funnels: Sequence[Shape], *, now: float | None = None
+    ) -> list[Decision]:
+        """``throttle`` on many GCRA funnels in one round trip (one pipeline on Redis):
+        one ``Decision`` per ``Shape`` (key, max_burst, count, period, quantity), in
+        order. Each decision is atomic on its own funnel, as ``throttle`` is; the batch
+        is not all or nothing (``reserve_all`` is). Arguments are checked before anything
+        is sent: a bad one raises ``ConfigurationError`` and nothing is decided.
+        """
+        rows = [(f.key, f.max_burst, f.count, f.period, f.quantity) for f in funnels]
+        return gcra.throttle_many(self._eval_many, rows, now)
 
     def water_level(
         self,

@@ -9,7 +9,7 @@ from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
 from .._errors import BackendConfigurationError, BackendError, ConfigurationError
 from .._keys import tickets_key
-from .._scripts import Arg, Reply, Script
+from .._scripts import Arg, Call, Reply, Script
 from ._clients import client_from_url
 from ._faults import configuration_fault
 from .base import Funnel
@@ -71,6 +71,33 @@ class RedisFunnel(Funnel):
         except (RedisError, RedisClusterException) as exc:  # the latter: a slot not covered
             raise failure(f"running {script.name}.lua", exc) from exc
         return reply if isinstance(reply, list) else [reply]
+
+    def _eval_many(self, calls: Sequence[Call]) -> list[Reply]:
+        """Every call in one pipeline (not a transaction: each script is atomic on its
+        own); calls whose script the server lost (NOSCRIPT) run again after loading it."""
+        replies: list[Any] = self._pipelined(calls)
+        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if missing:
+            try:
+                for script in {calls[i][0] for i in missing}:
+                    self.client.script_load(script.source)
+            except (RedisError, RedisClusterException) as exc:
+                raise failure("loading scripts", exc) from exc
+            for i, reply in zip(missing, self._pipelined([calls[i] for i in missing]), strict=True):
+                replies[i] = reply
+        for (script, _, _), reply in zip(calls, replies, strict=True):
+            if isinstance(reply, Exception):
+                raise failure(f"running {script.name}.lua", reply)
+        return [reply if isinstance(reply, list) else [reply] for reply in replies]
+
+    def _pipelined(self, calls: Sequence[Call]) -> list[Any]:
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for script, keys, args in calls:
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            return list(pipe.execute(raise_on_error=False))
+        except (RedisError, RedisClusterException) as exc:
+            raise failure(f"running {len(calls)} scripts in one pipeline", exc) from exc
 
     def time(self) -> float:
         """The Redis server's clock, float seconds since the epoch (the funnels' clock)."""

@@ -14,7 +14,7 @@ from functools import lru_cache
 
 from .._decision import Decision
 from .._errors import ConfigurationError
-from .._scripts import Arg, Eval, Reply, Script, clock_arg, parse_now
+from .._scripts import Arg, Call, Eval, EvalMany, Reply, Script, clock_arg, parse_now
 from ..backends.memstore import MemoryStore
 from ._common import check_int, check_key, emission_us, now_us, seconds
 from ._registry import Spec, Strategy, register
@@ -76,15 +76,38 @@ def decode(reply: int, limit: int, t: int, tau: int, quantity: int) -> Decision:
     )
 
 
+def _call(
+    key: str, max_burst: int, count: int, period: float, quantity: int, now: float | None
+) -> tuple[Call, tuple[int, int, int]]:
+    """The script call of one decision (arguments checked), and ``(limit, T, tau)``."""
+    check_key(key)
+    check_int("quantity", quantity, 0)
+    limit, t, tau = shape(max_burst, count, period)
+    return (SCRIPT, (key,), (t * quantity, tau, clock_arg(now_us(now)))), (limit, t, tau)
+
+
 def throttle(
     run: Eval, key: str, max_burst: int, count: int, period: float, quantity: int, now: float | None
 ) -> Decision:
     """One GCRA decision through ``run``; see ``Funnel.throttle``."""
-    check_key(key)
-    check_int("quantity", quantity, 0)
-    limit, t, tau = shape(max_burst, count, period)
-    (reply,) = run(SCRIPT, (key,), (t * quantity, tau, clock_arg(now_us(now))))
+    call, (limit, t, tau) = _call(key, max_burst, count, period, quantity, now)
+    (reply,) = run(*call)
     return decode(reply, limit, t, tau, quantity)
+
+
+def throttle_many(
+    run_many: EvalMany,
+    funnels: Sequence[tuple[str, int, int, float, int]],
+    now: float | None,
+) -> list[Decision]:
+    """One GCRA decision per ``(key, max_burst, count, period, quantity)``, all sent in
+    one round trip through ``run_many``; see ``Funnel.throttle_many``."""
+    built = [_call(*funnel, now) for funnel in funnels]
+    replies = run_many([call for call, _ in built])
+    return [
+        decode(reply[0], limit, t, tau, funnel[4])
+        for reply, (_, (limit, t, tau)), funnel in zip(replies, built, funnels, strict=True)
+    ]
 
 
 def _check(spec: Spec) -> None:
