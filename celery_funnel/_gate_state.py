@@ -12,6 +12,8 @@ from ._task_options import HEADER
 
 __all__ = ["HEADER", "State", "admitted_by_gate", "gate_mark", "requeued"]
 
+_HOST = socket.gethostname()  # read once: the gate marks every run it admits
+
 
 class State(NamedTuple):
     """What the ``celery_funnel`` header carries from one delivery of a task to the next."""
@@ -49,7 +51,7 @@ def gate_mark(pid: int | None = None) -> str:
     """What the worker gate writes into the header of a run it admitted: its host and
     process. Only that process (threads, solo) or its pool children (prefork) see the
     mark as theirs, so a copy carried by a retried message elsewhere means nothing."""
-    return f"{socket.gethostname()}:{os.getpid() if pid is None else pid}"
+    return f"{_HOST}:{os.getpid() if pid is None else pid}"
 
 
 def admitted_by_gate(headers: Mapping[str, Any] | None) -> bool:

@@ -47,12 +47,28 @@ def task_name(task: Any) -> str:
     return str(getattr(task, "name", None) or getattr(task, "__name__", task))
 
 
+def _read_once(task: Any, name: str, read: Callable[[], Any]) -> Any:
+    """``read()``, kept on a task object after its first call: the gate asks for the
+    same options for every task it decides (``getattr_static`` costs microseconds)."""
+    if isinstance(task, type):
+        return read()
+    cache: dict[str, Any] = task.__dict__.setdefault("_funnel_option_cache", {})
+    if name not in cache:
+        cache[name] = read()
+    return cache[name]
+
+
 def policy_of(task: Any, default: str) -> str:
     """The task's ``funnel_on_backend_error``, else the setting's ``default``."""
-    value = option_of(task, "funnel_on_backend_error")
-    if value is None:
-        return default
-    return check_policy(f"task {task_name(task)!r}: funnel_on_backend_error", value)
+
+    def read() -> str | None:
+        value = option_of(task, "funnel_on_backend_error")
+        if value is None:
+            return None
+        return check_policy(f"task {task_name(task)!r}: funnel_on_backend_error", value)
+
+    own: str | None = _read_once(task, "funnel_on_backend_error", read)
+    return default if own is None else own
 
 
 def dry_run_of(task: Any, default: bool) -> bool:
@@ -61,10 +77,15 @@ def dry_run_of(task: Any, default: bool) -> bool:
     Raises:
         ConfigurationError: when it is not a boolean (``"false"`` is False, not True).
     """
-    value = option_of(task, "funnel_dry_run")
-    if value is None:
-        return default
-    return to_bool(f"task {task_name(task)!r}: funnel_dry_run", value)
+
+    def read() -> bool | None:
+        value = option_of(task, "funnel_dry_run")
+        return (
+            None if value is None else to_bool(f"task {task_name(task)!r}: funnel_dry_run", value)
+        )
+
+    own: bool | None = _read_once(task, "funnel_dry_run", read)
+    return default if own is None else own
 
 
 def limits_from(where: str, get: Getter) -> tuple[Limit, ...]:
