@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import time
 
 import pytest
@@ -69,3 +71,45 @@ def test_reset_removes_every_key_of_a_funnel(
     redis_funnel.reset(key)
     redis_funnel.reset(window)
     assert redis_client.keys(f"*{key}*") == []
+
+
+def test_decisions_go_on_after_redis_restarts_on_the_same_port() -> None:
+    """The decision path keeps a connection of its own: when the server goes away and
+    comes back, the next decision reconnects instead of failing on a dead socket."""
+    server = RedisServer().start()
+    try:
+        funnel = RedisFunnel.from_url(server.url, socket_timeout=2)
+        assert not funnel.throttle("k", 5, 10, 1).limited
+        server.kill()
+        with pytest.raises(BackendError):
+            funnel.throttle("k", 5, 10, 1)
+        server.start()
+        assert funnel.throttle("k", 5, 10, 1).remaining == 5, "a fresh server: a fresh funnel"
+        funnel.client.close()
+    finally:
+        server.stop()
+
+
+def test_a_forked_child_decides_on_a_connection_of_its_own(redis_url: str) -> None:
+    """A prefork pool child inherits its parent's funnel: it must not share the
+    parent's socket (replies would cross), so each process takes its own connection."""
+    funnel = RedisFunnel.from_url(redis_url, socket_timeout=5)
+    key = f"fork:{os.getpid()}"
+    funnel.reset(key)
+    assert funnel.throttle(key, 100, 1, 3600).remaining == 100  # the parent's connection
+    _INHERITED[key] = funnel
+    try:
+        with multiprocessing.get_context("fork").Pool(2) as pool:
+            remaining = pool.map(_decide_in_child, [key] * 20)
+    finally:
+        del _INHERITED[key]
+    assert sorted(remaining, reverse=True) == list(range(99, 79, -1)), "each taken once"
+    assert funnel.throttle(key, 100, 1, 3600).remaining == 79, "the parent's still works"
+    funnel.client.close()
+
+
+_INHERITED: dict[str, RedisFunnel] = {}  # what a forked child finds, as a pool child does
+
+
+def _decide_in_child(key: str) -> int:
+    return _INHERITED[key].throttle(key, 100, 1, 3600).remaining
