@@ -130,43 +130,43 @@ class RedisFunnel(Funnel):
 
 
 class _Lean:
-    """The decision path's own connection, one per thread and process, taken from the
-    client's pool (so that closing the client closes it too): a decision is one command
-    written and one reply read, without the client's per-command machinery (half of a
-    decision's time on the client side, measured). A connection that fails is dropped
-    and the command goes through the client, with its retries; a Redis Cluster client
-    always goes through the client."""
+    """The decision path's own connection, one per process, taken from the client's pool
+    (so that closing the client closes it too): a decision is one command written and
+    one reply read, without the client's per-command machinery (half of a decision's
+    time on the client side, measured). One caller at a time uses it; a caller that
+    finds it busy (another thread, a greenlet) goes through the client, as does a Redis
+    Cluster client. A connection that fails is dropped and the command goes through the
+    client, with its retries."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
         self.pool: Any = getattr(client, "connection_pool", None)
-        self.local = threading.local()
+        self.lock = threading.Lock()
+        self.held: tuple[int, Any] | None = None  # (pid, connection)
 
     def call(self, command: Sequence[Any]) -> Any:
-        connection = self._connection()
-        if connection is None:
+        if self.pool is None or not self.lock.acquire(blocking=False):
             return self.client.execute_command(*command)
         try:
-            connection.send_command(*command)
-            return connection.read_response()
-        except (RedisConnectionError, RedisTimeoutError, OSError):
-            self.local.held = None
-            self._release(connection)
-            return self.client.execute_command(*command)
+            connection = self._connection()
+            try:
+                connection.send_command(*command)
+                return connection.read_response()
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                self.held = None
+                connection.disconnect()
+                self.pool.release(connection)
+        finally:
+            self.lock.release()
+        return self.client.execute_command(*command)
 
     def _connection(self) -> Any:
-        if self.pool is None or getattr(self.client, "single_connection_client", False):
-            return None
-        held: tuple[int, Any] | None = getattr(self.local, "held", None)
-        if held is not None and held[0] == os.getpid():  # a forked child takes its own
-            return held[1]
+        if self.held is not None and self.held[0] == os.getpid():
+            return self.held[1]
+        # first use, or a forked child (a prefork pool process): a connection of its own
         try:
             connection = self.pool.get_connection()
         except TypeError:  # redis-py < 5.3 wants a command name
             connection = self.pool.get_connection("EVALSHA")
-        self.local.held = (os.getpid(), connection)
+        self.held = (os.getpid(), connection)
         return connection
-
-    def _release(self, connection: Any) -> None:
-        connection.disconnect()
-        self.pool.release(connection)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis
@@ -94,22 +94,47 @@ def test_a_forked_child_decides_on_a_connection_of_its_own(redis_url: str) -> No
     """A prefork pool child inherits its parent's funnel: it must not share the
     parent's socket (replies would cross), so each process takes its own connection."""
     funnel = RedisFunnel.from_url(redis_url, socket_timeout=5)
-    key = f"fork:{os.getpid()}"
-    funnel.reset(key)
+    key = f"fork:{os.getpid()}:{time.time()}"
     assert funnel.throttle(key, 100, 1, 3600).remaining == 100  # the parent's connection
-    _INHERITED[key] = funnel
-    try:
-        with multiprocessing.get_context("fork").Pool(2) as pool:
-            remaining = pool.map(_decide_in_child, [key] * 20)
-    finally:
-        del _INHERITED[key]
+    children = [_fork_deciding(funnel, key, 5) for _ in range(4)]
+    remaining = [n for child in children for n in _answers(*child)]
     assert sorted(remaining, reverse=True) == list(range(99, 79, -1)), "each taken once"
     assert funnel.throttle(key, 100, 1, 3600).remaining == 79, "the parent's still works"
     funnel.client.close()
 
 
-_INHERITED: dict[str, RedisFunnel] = {}  # what a forked child finds, as a pool child does
+def _fork_deciding(funnel: RedisFunnel, key: str, times: int) -> tuple[int, int]:
+    """A forked child that takes ``times`` units and writes what remained after each."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no cleanup of the parent's objects, ever
+        code = 1
+        try:
+            answers = [funnel.throttle(key, 100, 1, 3600).remaining for _ in range(times)]
+            os.write(write, " ".join(map(str, answers)).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    return pid, read
 
 
-def _decide_in_child(key: str) -> int:
-    return _INHERITED[key].throttle(key, 100, 1, 3600).remaining
+def _answers(pid: int, read: int) -> list[int]:
+    with os.fdopen(read, "rb") as pipe:
+        text = pipe.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    return [int(n) for n in text.split()]
+
+
+def test_threads_deciding_at_once_each_get_their_own_answer(redis_url: str) -> None:
+    """One thread at a time uses the decision connection; the others go through the
+    client's pool: no reply reaches the wrong caller."""
+    funnel = RedisFunnel.from_url(redis_url, socket_timeout=5)
+    key = f"threads:{os.getpid()}:{time.time()}"
+    with ThreadPoolExecutor(8) as pool:
+        remaining = list(
+            pool.map(lambda _: funnel.throttle(key, 399, 1, 3600).remaining, range(400))
+        )
+    assert sorted(remaining) == list(range(400)), "each unit taken once, each answer its own"
+    funnel.client.close()
