@@ -18,7 +18,10 @@ worker-wide ``funnel_limits`` entry is ``limit:<pattern>``, or
 
 Parked tasks (``_park``) share one tag of their own, ``{~parked}`` (no funnel name
 starts with ``~``): ``<prefix>{~parked}#due``, ``#entries``, ``#claims``, ``#leases``,
-``#accepted``, ``#accepted-at``, ``#labels`` and ``#counts``. They are tasks, not
+``#accepted``, ``#accepted-at``, ``#labels``, ``#counts`` and ``#fair`` (the
+fair-share funnels with waiting tasks). A fair-share funnel's companions are
+``#fair``, ``#fair-q``, ``#fair-ids``, ``#fair-meta`` and ``#fair-r0..2``
+(``_fair_store``). Parked tasks are tasks, not
 funnel state: ``parse_key`` does not take them, so ``reset`` never deletes them
 (``purge`` does).
 
@@ -36,6 +39,7 @@ from functools import lru_cache
 __all__ = [
     "FunnelKey",
     "companion_key",
+    "fair_keys",
     "funnel_key",
     "glob_escape",
     "hash_tag",
@@ -143,7 +147,16 @@ def limit_key(prefix: str, pattern: str | None, worker: str = "") -> str:
 PARKED_TAG = "~parked"
 PARKED_PARTS = (
     "due", "entries", "claims", "leases", "accepted", "accepted-at", "labels", "counts",
+    "fair",
 )  # fmt: skip
+# the companions of a fair-share funnel (_fair_store): tenants, queue, ids, meta, rates
+FAIR_PARTS = ("fair", "fair-q", "fair-ids", "fair-meta", "fair-r0", "fair-r1", "fair-r2")
+
+
+def fair_keys(key: str) -> list[str]:
+    """The keys of GCRA funnel ``key`` with fair share: the funnel, its tickets, then
+    its ``FAIR_PARTS`` companions (one hash slot)."""
+    return [key, tickets_key(key), *(companion_key(key, part) for part in FAIR_PARTS)]
 
 
 def parked_keys(prefix: str) -> list[str]:
@@ -207,7 +220,7 @@ def _parser(prefix: str) -> re.Pattern[str]:
     return re.compile(
         re.escape(prefix)
         + rf"\{{({_NAME})\}}((?::[0-9]+(?::{_NAME})?)?)"
-        + rf"(?:{re.escape(COMPANION_MARK)}({TICKETS}))?"
+        + rf"(?:{re.escape(COMPANION_MARK)}({TICKETS}|fair(?:-[a-z0-9]+)?))?"
     )
 
 
