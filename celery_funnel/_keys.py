@@ -233,6 +233,6 @@ def parse_key(prefix: str, key: str | bytes) -> FunnelKey | None:
         except UnicodeDecodeError:
             return None
     match = _parser(prefix).fullmatch(key)
-    if match is None:
+    if match is None or match[1] == PARKED_TAG:  # the parked tasks' keys: not a funnel's
         return None
     return FunnelKey(key, match[1], match[2], match[3] or "")
