@@ -25,7 +25,8 @@ RATE = "20/s"
 def make_fair_app(broker_url: str, funnel_url: str, **conf: Any) -> Celery:
     """The project's app with its fair tasks: ``fair.shared`` (20/s shared by every
     tenant), ``fair.weighted`` (20/s, tenant ``heavy`` weighs 3), ``fair.priority``
-    (20/s, one tenant) and ``fair.many`` (50/s, for many tenants)."""
+    (20/s, one tenant) and ``fair.many`` (FUNNEL_FAIR_RATE, default 50/s, for many
+    tenants)."""
     app = make_app(broker_url, funnel_url, queue="fair", **conf)
     store = redis.Redis.from_url(funnel_url)
 
@@ -50,7 +51,7 @@ def make_fair_app(broker_url: str, funnel_url: str, **conf: Any) -> Celery:
     def prioritized(self: Any, tenant: str, n: int = 0) -> None:
         record(self, tenant, n)
 
-    @fair_task("fair.many", funnel_rate="50/s", ignore_result=True)
+    @fair_task("fair.many", funnel_rate=os.environ.get("FUNNEL_FAIR_RATE", "50/s"))
     def many(self: Any, tenant: str, n: int = 0) -> None:
         record(self, tenant, n)
 

@@ -60,7 +60,8 @@ def cluster(server_pool: ServerPool) -> Iterator[Cluster]:
     redis.Redis.from_url(url).flushall()
     env = {"FUNNEL_TEST_BROKER": url, "FUNNEL_TEST_REDIS": url}
     app = make_fair_app(url, url)
-    with CeleryWorkers("tests.integration.fair_proj", 2, env, "-c", "4", "-Q", "fair", cwd=ROOT) as w:
+    options = ("-c", "4", "-Q", "fair")
+    with CeleryWorkers("tests.integration.fair_proj", 2, env, *options, cwd=ROOT) as w:
         w.wait_ready()
         yield Cluster(url, app)
     close_app(app)
