@@ -25,6 +25,7 @@ __all__ = ["FairStore", "Popped", "TenantRow", "fair_status"]
 
 US = 1_000_000
 HEADS = 50  # tenants a status lists per funnel, the next to be served first
+ENLISTED = 1000  # fair funnels a purge looks through
 
 
 class Popped(NamedTuple):
@@ -88,9 +89,9 @@ class FairStore:
         self.client = client
         self.parked = parked_keys(prefix)
         prelude = _read("_clock") + _read("_fair")
-        self._admit, self._enqueue, self._pop = (
+        self._admit, self._enqueue, self._pop, self._forget = (
             client.register_script(prelude + _read(name))
-            for name in ("fair_admit", "fair_enqueue", "fair_pop")
+            for name in ("fair_admit", "fair_enqueue", "fair_pop", "fair_forget")
         )
         self._park = client.register_script(_read("_parked") + _read("park_fair"))
 
@@ -120,6 +121,15 @@ class FairStore:
         reply = self._run(self._pop, fair_keys(key), *args)
         pairs = zip(reply[2::2], reply[3::2], strict=True)
         return Popped(int(reply[0]), int(reply[1]), [(_text(i), int(s)) for i, s in pairs])
+
+    def forget(self, ids: Sequence[str]) -> int:
+        """Take tasks that no longer wait parked (purged, released by hand) out of the
+        queues of every fair funnel with waiting tasks. How many were queued."""
+        if not ids:
+            return 0
+        return sum(
+            int(self._run(self._forget, fair_keys(key), *ids)[0]) for key in self.enlisted(ENLISTED)
+        )
 
     def due(self, slots: Sequence[tuple[str, int]]) -> list[str]:
         """Make each waiting parked task due at its slot; the ids that no longer wait."""

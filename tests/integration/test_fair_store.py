@@ -162,17 +162,34 @@ def test_the_dispatchers_of_several_workers_never_hand_out_a_slot_twice(
     assert all(b - a >= T for a, b in itertools.pairwise(slots)), "never faster"
 
 
+def message(task_id: str) -> dict[str, Any]:
+    return {
+        "body": b"{}", "content_type": "application/json", "content_encoding": "utf-8",
+        "headers": {"task": "t", "id": task_id}, "properties": {}, "priority": None,
+        "exchange": "", "routing_key": "q", "declare": [],
+        "meta": {"task": "t", "funnel": "t", "priority": None, "parked_at": time.time()},
+    }  # fmt: skip
+
+
+def test_purged_waiting_tasks_leave_their_queues(
+    store: FairStore, redis_client: redis.Redis, prefix: str, key: str
+) -> None:
+    parked = ParkStore(redis_client, prefix)
+    for n in range(3):
+        assert parked.park(f"a{n}", 3600.0, message(f"a{n}"), "")
+        enqueue(store, key, f"a{n}", "A")
+    enqueue(store, key, "b0", "B")
+    store.enlist(key)
+    assert parked.purge() == 3
+    assert [(r.tenant, r.waiting) for r in fair_status(redis_client, key)] == [("B", 1)]
+    assert order(store, key) == ["b0"], "no slot for a purged task"
+
+
 def test_waiting_parked_tasks_are_made_due_at_their_slots(
     store: FairStore, redis_client: redis.Redis, prefix: str, key: str
 ) -> None:
     parked = ParkStore(redis_client, prefix)
-    message = {
-        "body": b"{}", "content_type": "application/json", "content_encoding": "utf-8",
-        "headers": {"task": "t", "id": "a"}, "properties": {}, "priority": None,
-        "exchange": "", "routing_key": "q", "declare": [],
-        "meta": {"task": "t", "funnel": "t", "priority": None, "parked_at": time.time()},
-    }  # fmt: skip
-    assert parked.park("a", 3600.0, message, "")
+    assert parked.park("a", 3600.0, message("a"), "")
     now = int(redis_client.time()[0]) * 1_000_000
     assert store.due([("a", now), ("gone", now)]) == ["gone"]
     _, _, releases = parked.claim(0.0, 30.0, 10, 3600.0)
