@@ -123,10 +123,15 @@ class Dispatcher:
 
     def __init__(self, store: FairStore, late: float = 10.0) -> None:
         self.store, self.late = store, late
+        self._offset = 0  # more than FUNNELS funnels are served in turns
 
     def tick(self) -> float | None:
         """One pass; how long to pause before the next (None: no funnel waits)."""
-        funnels = self.store.enlisted(FUNNELS)
+        funnels = self.store.enlisted(FUNNELS, self._offset)
+        if not funnels and self._offset:
+            self._offset = 0
+            funnels = self.store.enlisted(FUNNELS)
+        self._offset = self._offset + FUNNELS if len(funnels) == FUNNELS else 0
         for key in funnels:
             self._serve(key)
         return DISPATCH_PAUSE_SECONDS if funnels else None

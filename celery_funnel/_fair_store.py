@@ -25,7 +25,8 @@ __all__ = ["FairStore", "Popped", "TenantRow", "fair_status"]
 
 US = 1_000_000
 HEADS = 50  # tenants a status lists per funnel, the next to be served first
-ENLISTED = 1000  # fair funnels a purge looks through
+ENLISTED = 10_000  # fair funnels a purge looks through
+PAGE = 1000
 
 
 class Popped(NamedTuple):
@@ -145,9 +146,10 @@ class FairStore:
         queue within ``age`` seconds."""
         return bool(self._run(self._park, self.parked, "delist", key, round(age * US))[0])
 
-    def enlisted(self, limit: int) -> list[str]:
-        """Up to ``limit`` fair funnels with waiting tasks."""
-        return [_text(k) for k in self._call("zrange", self.parked[-1], 0, limit - 1)]
+    def enlisted(self, limit: int, offset: int = 0) -> list[str]:
+        """Up to ``limit`` fair funnels with waiting tasks, from the ``offset``-th."""
+        found = self._call("zrange", self.parked[-1], offset, offset + limit - 1)
+        return [_text(k) for k in found]
 
     def status(self, key: str) -> list[TenantRow]:
         """See ``fair_status``."""

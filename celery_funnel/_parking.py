@@ -62,7 +62,8 @@ class Parking:
     @cached_property
     def transport(self) -> str:
         """The broker transport's driver ("redis", "amqp" ...): its priority order."""
-        return str(self.app.connection_for_write().transport.driver_type)
+        with self.app.connection_for_write() as connection:  # not connected: named only
+            return str(connection.transport.driver_type)
 
     def park(
         self,

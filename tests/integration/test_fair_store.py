@@ -5,9 +5,13 @@ within one), tickets, and how long a tenant's state lives."""
 from __future__ import annotations
 
 import itertools
+import json
+import subprocess
+import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +26,7 @@ from tests.polling import wait_for
 pytestmark = pytest.mark.redis
 ONE_REDIS = True
 
+ROOT = str(Path(__file__).resolve().parents[2])
 T = 50_000  # µs: 20/s, capacity 1
 SHAPE = (T, T)
 
@@ -199,3 +204,29 @@ def test_waiting_parked_tasks_are_made_due_at_their_slots(
     assert not store.delist(key, 60.0), "a task joined its queue within 60 s"
     assert store.delist(key, 0.0)
     assert store.enlisted(10) == []
+
+
+def test_status_shows_each_tenant_waiting_and_admitted(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    client.flushall()
+    store, key = FairStore(client, "funnel:"), "funnel:{fair.shared}"  # fair_proj's task
+    for n in range(3):
+        enqueue(store, key, f"a{n}", "A")
+    enqueue(store, key, "b0", "B")
+    assert order(store, key, horizon=0.0) == ["a0"]  # one slot handed out
+    env = {"FUNNEL_TEST_BROKER": redis_url, "FUNNEL_TEST_REDIS": redis_url, "PATH": "/usr/bin:/bin"}
+    command = [sys.executable, "-m", "celery", "-A", "tests.integration.fair_proj", "funnel"]
+    done = subprocess.run(
+        [*command, "status", "--json"], capture_output=True, text=True, timeout=60,
+        cwd=ROOT, env=env, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (row,) = [r for r in json.loads(done.stdout) if r["key"] == key]
+    assert [(t["tenant"], t["waiting"]) for t in row["fair"]] == [("B", 1), ("A", 2)]
+    table = subprocess.run(
+        [*command, "status"], capture_output=True, text=True, timeout=60, cwd=ROOT, env=env,
+        check=False,
+    ).stdout  # fmt: skip
+    assert "tenant A: 2 waiting" in table
+    client.flushall()
+    client.close()
