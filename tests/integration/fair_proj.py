@@ -32,7 +32,11 @@ def make_fair_app(broker_url: str, funnel_url: str, **conf: Any) -> Celery:
 
     def record(task: Any, tenant: str, n: int) -> None:
         priority = (task.request.delivery_info or {}).get("priority")
-        run = {"task": task.name, "tenant": tenant, "n": n, "at": time.time(), "priority": priority}
+        state = (task.request.headers or {}).get("celery_funnel") or {}
+        run = {
+            "task": task.name, "tenant": tenant, "n": n, "at": time.time(), "priority": priority,
+            "stale": state.get("stale", 0), "requeues": state.get("requeues", 0),
+        }  # fmt: skip
         store.rpush(RUNS, json.dumps(run))
 
     def fair_task(name: str, **options: Any) -> Any:
