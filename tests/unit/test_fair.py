@@ -65,7 +65,9 @@ def test_a_callable_weight_must_give_a_number() -> None:
 
 def test_task_options_fail_where_the_task_is_made() -> None:
     app = Celery(set_as_current=False)
-    task = app.task(name="t1", base=FunnelTask, funnel_rate="1/s", funnel_fair_by="{customr}")
+    task = app.task(
+        name="t1", shared=False, base=FunnelTask, funnel_rate="1/s", funnel_fair_by="{customr}"
+    )
     with pytest.raises(ConfigurationError, match=r"task 't1'.*funnel_fair_by='\{customr\}'"):
         _ = task(_customer).name  # the proxy makes the task class here
     weights = {"funnel_rate": "1/s", "funnel_weights": {"a": 2}}
