@@ -8,7 +8,7 @@
 2. Real workers: 10 000 tenants with one task each sent to a 100/s fair funnel (two
    workers, ``-c 4``); the tasks started each second, from their own start times.
 
-    python bench/fair.py [--tenants 10000] [--rate 100] [--seconds 60] [--skip-workers]
+    python bench/fair.py [--tenants 10000] [--rate 100] [--seconds 300] [--skip-workers]
 
 Writes bench/plots/fair.png and prints a table.
 """
@@ -119,7 +119,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tenants", type=int, default=10_000)
     parser.add_argument("--rate", type=float, default=100.0)
-    parser.add_argument("--seconds", type=float, default=150.0)
+    parser.add_argument("--seconds", type=float, default=300.0)
     parser.add_argument("--skip-workers", action="store_true")
     args = parser.parse_args()
     with RedisServer() as server:
