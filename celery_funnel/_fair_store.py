@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 
 from ._errors import BackendError
 from ._fair import Fair
-from ._keys import fair_keys, parked_keys
+from ._keys import fair_keys, fair_registry_key, parked_keys
 
 __all__ = ["FairStore", "Popped", "TenantRow", "fair_status"]
 
@@ -88,7 +88,7 @@ class FairStore:
 
     def __init__(self, client: Any, prefix: str) -> None:
         self.client = client
-        self.parked = parked_keys(prefix)
+        self.parked = [*parked_keys(prefix), fair_registry_key(prefix)]
         prelude = _read("_clock") + _read("_fair")
         self._admit, self._enqueue, self._pop, self._forget = (
             client.register_script(prelude + _read(name))

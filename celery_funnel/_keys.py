@@ -40,6 +40,7 @@ __all__ = [
     "FunnelKey",
     "companion_key",
     "fair_keys",
+    "fair_registry_key",
     "funnel_key",
     "glob_escape",
     "hash_tag",
@@ -147,8 +148,8 @@ def limit_key(prefix: str, pattern: str | None, worker: str = "") -> str:
 PARKED_TAG = "~parked"
 PARKED_PARTS = (
     "due", "entries", "claims", "leases", "accepted", "accepted-at", "labels", "counts",
-    "fair",
 )  # fmt: skip
+FAIR_REGISTRY = "fair"  # beside them: the fair-share funnels with waiting tasks
 # the companions of a fair-share funnel (_fair_store): tenants, queue, ids, meta, rates
 FAIR_PARTS = ("fair", "fair-q", "fair-ids", "fair-meta", "fair-r0", "fair-r1", "fair-r2")
 
@@ -164,10 +165,16 @@ def parked_keys(prefix: str) -> list[str]:
     return [f"{prefix}{{{PARKED_TAG}}}{COMPANION_MARK}{part}" for part in PARKED_PARTS]
 
 
+def fair_registry_key(prefix: str) -> str:
+    """The fair-share funnels with waiting tasks (``_fair_store``), beside the parked
+    tasks' keys (one hash tag: a script sees them together)."""
+    return f"{prefix}{{{PARKED_TAG}}}{COMPANION_MARK}{FAIR_REGISTRY}"
+
+
 def is_parked_key(prefix: str, key: str | bytes) -> bool:
     """Whether ``key`` is one of the parked tasks' keys under ``prefix``."""
     text = key.decode("ascii", "replace") if isinstance(key, bytes) else key
-    return text in parked_keys(prefix)
+    return text in parked_keys(prefix) or text == fair_registry_key(prefix)
 
 
 def glob_escape(text: str) -> str:

@@ -1,7 +1,7 @@
 -- park_fair.lua: the parked tasks' side of fair-share funnels (see _fair.lua).
 --
--- KEYS     the eight of _parked.lua, then KEYS[9]: the fair funnels with waiting
---          tasks (sorted set: funnel key -> when a task last joined its queue, µs)
+-- KEYS     the keys of _parked.lua, then last: the fair funnels with waiting tasks
+--          (sorted set: funnel key -> when a task last joined its queue, µs)
 -- ARGV[1]  "due": ARGV[2..] are pairs task id, slot (µs): each waiting entry is
 --          made due at its slot. Reply: the ids that no longer wait parked (purged,
 --          released, claimed), whose slot goes unused
@@ -12,7 +12,7 @@
 -- A fair task waits parked with a far release time (a safety net, should its
 -- queue entry be lost); the dispatcher moves it to its slot.
 
-local registry = KEYS[9]
+local registry = KEYS[#KEYS]
 local op = ARGV[1]
 if op == 'enlist' then
   redis.call('ZADD', registry, server_now(), ARGV[2])
