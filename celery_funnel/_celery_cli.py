@@ -15,7 +15,7 @@ import click
 from celery.bin.base import CeleryCommand, handle_preload_options
 
 from ._cli_parked import parked, parked_summary, purge, release
-from ._cli_view import Failure, Found, at, describe, find, limit_of
+from ._cli_view import Failure, Found, at, describe, fair_lines, find, limit_of
 from ._keys import FunnelKey, parse_key
 from ._park import ParkStore
 from ._runtime import Runtime, runtime_for
@@ -56,6 +56,8 @@ def _echo_rows(ctx: click.Context, rows: list[dict[str, Any]], as_json: bool) ->
         ctx.obj.echo("  ".join(str(row.get(c, "")).ljust(widths[c]) for c in columns))
         if "error" in row:
             ctx.obj.echo(f"  error: {row['error']}")
+        for line in fair_lines(row):
+            ctx.obj.echo(line)
 
 
 @click.group(name="funnel")

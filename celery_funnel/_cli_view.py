@@ -12,6 +12,7 @@ from redis.exceptions import RedisError
 
 from . import strategies
 from ._errors import BackendConfigurationError, BackendError
+from ._fair_store import fair_status
 from ._keys import FunnelKey, is_parked_key, parse_key, scan_pattern, tickets_key
 from ._limit import Limit
 from ._runtime import Runtime
@@ -19,7 +20,7 @@ from ._task_options import limits_of
 from .backends.redis import RedisFunnel
 from .task import FunnelTask
 
-__all__ = ["Found", "at", "describe", "find", "limit_of"]
+__all__ = ["Found", "at", "describe", "fair_lines", "find", "limit_of"]
 
 Failure = (BackendError, BackendConfigurationError, RedisError)
 
@@ -36,7 +37,11 @@ class Found:
     @property
     def funnels(self) -> list[FunnelKey]:
         """The funnels themselves, companions aside, sorted by key."""
-        return sorted((k for k in self.keys if not k.companion), key=lambda k: k.key)
+        own = {k.key: k for k in self.keys if not k.companion}
+        for k in self.keys:  # a fair funnel with waiting tasks, its TAT expired
+            if k.companion == "fair" and k.funnel not in own:
+                own[k.funnel] = FunnelKey(k.funnel, k.name, k.rest)
+        return sorted(own.values(), key=lambda k: k.key)
 
 
 def find(client: Any, prefix: str, name: str = "") -> Found:
@@ -100,6 +105,16 @@ def describe(funnel: RedisFunnel, key: FunnelKey, limit: Limit | None) -> dict[s
         row.update(remaining=peek.remaining, reset_after=round(peek.reset_after, 6))
         if strategy.reserve is not None:
             row["reservations"] = client.zcard(tickets_key(key.key))
+        if limit.fair_by is not None:
+            row["fair"] = [r._asdict() for r in fair_status(client, key.key)]
     except Failure as exc:  # another type of value under the key, a refused command
         row["error"] = str(exc)
     return row
+
+
+def fair_lines(row: dict[str, Any]) -> list[str]:
+    """A fair funnel's tenants, one line each, for ``status``."""
+    return [
+        f"  tenant {t['tenant']}: {t['waiting']} waiting, {t['admitted_per_second']}/s admitted"
+        for t in row.get("fair", ())
+    ]

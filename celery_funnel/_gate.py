@@ -15,11 +15,12 @@ the ones already passed are remembered in the task's header and not charged agai
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ._errors import BackendError, CostTooHighError, TooManyDeferralsError
+from ._fair import Fair
 from ._gate_state import HEADER, State, admitted_by_gate, gate_mark, requeued
 from ._keys import hash_tag
 from ._limit import Limit, Verdict, check_all
@@ -53,6 +54,7 @@ class Charge:
     key: str
     cost: int
     label: str
+    fair: Fair | None = None  # its tenant, on a fair-share funnel (_fair)
 
 
 class Step(NamedTuple):
@@ -65,6 +67,7 @@ class Step(NamedTuple):
     error: BaseException | None = None
     booked: bool = False
     outage: bool = False
+    queued: int = 0  # fair share: 1 park it in its tenant's queue, 2 in front (_fair)
 
 
 RUN = Step(run=True)
@@ -129,19 +132,49 @@ def _book(
     return Verdict(r.admitted, max(r.delay, 0.0), r.booked, r.never, r.stale)
 
 
+FairStep = Callable[[Charge, int], Verdict]
+"""The worker gate's step on a fair-share charge (``_fair_gate.admit``): the charge and
+how often its ticket came too late."""
+
+
+def _fair_first(
+    charges: Sequence[Charge], state: State, fair: FairStep | None
+) -> tuple[Verdict | None, State]:
+    """A fair-share charge is decided first, alone (its slots are handed out by the
+    dispatcher, not booked here): its verdict when it does not pass, else None and the
+    state with it passed."""
+    if fair is None:
+        return None, state
+    index = next(
+        (i for i, c in enumerate(charges) if c.fair and c.cost > 0 and i not in state.passed),
+        None,
+    )
+    if index is None:
+        return None, state
+    verdict = fair(charges[index], state.stale)
+    if not verdict.run:
+        return verdict, state
+    return None, state._replace(booked=False, passed=(*state.passed, index))
+
+
 def decide(
     runtime: Runtime,
     charges: Sequence[Charge],
     ticket: str | None,
     state: State,
     max_wait: float | None = None,
+    fair: FairStep | None = None,
 ) -> tuple[Verdict, tuple[int, ...]]:
     """The verdict over every charge not yet passed, and the indexes passed after it;
-    ``max_wait``: book no slot further away (seconds; None: no bound).
+    ``max_wait``: book no slot further away (seconds; None: no bound); ``fair``: the
+    step on a fair-share charge (None: decided as any other).
 
     Raises:
         BackendError: when the funnel's Redis fails.
     """
+    verdict_, state = _fair_first(charges, state, fair)
+    if verdict_ is not None:
+        return verdict_, state.passed
     pending = [(i, c) for i, c in enumerate(charges) if c.cost > 0 and i not in state.passed]
     if not pending:
         return Verdict(run=True), state.passed
@@ -175,7 +208,8 @@ class Subject:
     """The run being judged: task ``name`` and ``task_id``; ``policy``: its
     ``funnel_on_backend_error``; ``dry_run``; ``eager``: an eager run (no broker to
     defer through, so "raise" is the only outage answer besides "allow"); ``expires_in``:
-    seconds until it expires, past which no slot is booked for it."""
+    seconds until it expires, past which no slot is booked for it; ``fair``: the step
+    on a fair-share charge (the worker gate with parking on; None: an ordinary funnel)."""
 
     name: str
     task_id: str
@@ -183,6 +217,7 @@ class Subject:
     dry_run: bool = False
     eager: bool = False
     expires_in: float | None = None  # seconds until the task expires (None: never)
+    fair: FairStep | None = None
 
 
 def judge(runtime: Runtime, subject: Subject, charges: Sequence[Charge], state: State) -> Step:
@@ -199,7 +234,7 @@ def judge(runtime: Runtime, subject: Subject, charges: Sequence[Charge], state: 
     reserve = settings.reservation and not subject.dry_run
     ticket = subject.task_id if reserve else None
     try:
-        verdict, passed = decide(runtime, charges, ticket, state, subject.expires_in)
+        verdict, passed = decide(runtime, charges, ticket, state, subject.expires_in, subject.fair)
     except BackendError as error:
         return _outage(runtime, subject, state, error, label)
     runtime.outage.answered()
@@ -231,7 +266,9 @@ def judge(runtime: Runtime, subject: Subject, charges: Sequence[Charge], state: 
             f" (funnel_max_deferrals={cap})"
         )
         return fail(runtime, subject, label, too_many)
-    return Step(run=False, delay=verdict.delay, state=after, booked=verdict.booked)
+    return Step(
+        run=False, delay=verdict.delay, state=after, booked=verdict.booked, queued=verdict.queued
+    )
 
 
 def fail(runtime: Runtime, subject: Subject, label: str, error: BaseException) -> Step:

@@ -18,7 +18,10 @@ worker-wide ``funnel_limits`` entry is ``limit:<pattern>``, or
 
 Parked tasks (``_park``) share one tag of their own, ``{~parked}`` (no funnel name
 starts with ``~``): ``<prefix>{~parked}#due``, ``#entries``, ``#claims``, ``#leases``,
-``#accepted``, ``#accepted-at``, ``#labels`` and ``#counts``. They are tasks, not
+``#accepted``, ``#accepted-at``, ``#labels``, ``#counts`` and ``#fair`` (the
+fair-share funnels with waiting tasks). A fair-share funnel's companions are
+``#fair``, ``#fair-q``, ``#fair-ids``, ``#fair-meta`` and ``#fair-r0..2``
+(``_fair_store``). Parked tasks are tasks, not
 funnel state: ``parse_key`` does not take them, so ``reset`` never deletes them
 (``purge`` does).
 
@@ -36,6 +39,8 @@ from functools import lru_cache
 __all__ = [
     "FunnelKey",
     "companion_key",
+    "fair_keys",
+    "fair_registry_key",
     "funnel_key",
     "glob_escape",
     "hash_tag",
@@ -144,6 +149,15 @@ PARKED_TAG = "~parked"
 PARKED_PARTS = (
     "due", "entries", "claims", "leases", "accepted", "accepted-at", "labels", "counts",
 )  # fmt: skip
+FAIR_REGISTRY = "fair"  # beside them: the fair-share funnels with waiting tasks
+# the companions of a fair-share funnel (_fair_store): tenants, queue, ids, meta, rates
+FAIR_PARTS = ("fair", "fair-q", "fair-ids", "fair-meta", "fair-r0", "fair-r1", "fair-r2")
+
+
+def fair_keys(key: str) -> list[str]:
+    """The keys of GCRA funnel ``key`` with fair share: the funnel, its tickets, then
+    its ``FAIR_PARTS`` companions (one hash slot)."""
+    return [key, tickets_key(key), *(companion_key(key, part) for part in FAIR_PARTS)]
 
 
 def parked_keys(prefix: str) -> list[str]:
@@ -151,10 +165,16 @@ def parked_keys(prefix: str) -> list[str]:
     return [f"{prefix}{{{PARKED_TAG}}}{COMPANION_MARK}{part}" for part in PARKED_PARTS]
 
 
+def fair_registry_key(prefix: str) -> str:
+    """The fair-share funnels with waiting tasks (``_fair_store``), beside the parked
+    tasks' keys (one hash tag: a script sees them together)."""
+    return f"{prefix}{{{PARKED_TAG}}}{COMPANION_MARK}{FAIR_REGISTRY}"
+
+
 def is_parked_key(prefix: str, key: str | bytes) -> bool:
     """Whether ``key`` is one of the parked tasks' keys under ``prefix``."""
     text = key.decode("ascii", "replace") if isinstance(key, bytes) else key
-    return text in parked_keys(prefix)
+    return text in parked_keys(prefix) or text == fair_registry_key(prefix)
 
 
 def glob_escape(text: str) -> str:
@@ -207,7 +227,7 @@ def _parser(prefix: str) -> re.Pattern[str]:
     return re.compile(
         re.escape(prefix)
         + rf"\{{({_NAME})\}}((?::[0-9]+(?::{_NAME})?)?)"
-        + rf"(?:{re.escape(COMPANION_MARK)}({TICKETS}))?"
+        + rf"(?:{re.escape(COMPANION_MARK)}({TICKETS}|fair(?:-[a-z0-9]+)?))?"
     )
 
 
@@ -220,6 +240,6 @@ def parse_key(prefix: str, key: str | bytes) -> FunnelKey | None:
         except UnicodeDecodeError:
             return None
     match = _parser(prefix).fullmatch(key)
-    if match is None:
+    if match is None or match[1] == PARKED_TAG:  # the parked tasks' keys: not a funnel's
         return None
     return FunnelKey(key, match[1], match[2], match[3] or "")

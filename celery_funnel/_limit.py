@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from . import strategies
 from ._errors import ConfigurationError
+from ._fair import check_fair
 from ._keys import safe_part
 from ._rate import Rate
 from ._values import MAX_CAPACITY, check_plain, did_you_mean, format_fields
@@ -24,7 +25,9 @@ __all__ = ["STRATEGIES", "Limit", "Verdict", "check_all", "parse_limit", "safe_p
 
 STRATEGIES = strategies.names()  # every registered strategy
 SCOPES = strategies.SCOPES
-OPTIONS = ("rate", "capacity", "strategy", "key", "cost", "scope", "windows")
+OPTIONS = (
+    "rate", "capacity", "strategy", "key", "cost", "scope", "windows", "fair_by", "weights",
+)  # fmt: skip
 
 KeyFunc = Callable[..., object]
 CostFunc = Callable[..., int]
@@ -40,6 +43,18 @@ class _SafeFormatter(string.Formatter):
         return safe_part(super().format_field(value, format_spec))
 
 
+def select_part(
+    key: str | KeyFunc, run: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> str:
+    """What ``key`` (a format string over ``run``'s bound arguments, or a callable
+    taking the arguments) selects, made safe for a key."""
+    if callable(key):
+        return safe_part(check_plain("funnel_key", "key()", key(*args, **kwargs)))
+    bound = inspect.signature(run).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return _SafeFormatter().vformat(key, (), bound.arguments)
+
+
 class Verdict(NamedTuple):
     """What to do with one task: run it, or wait ``delay`` seconds (a slot ``booked``,
     or not), or fail it because its cost can ``never`` fit."""
@@ -50,6 +65,7 @@ class Verdict(NamedTuple):
     never: bool = False
     stale: bool = False
     outage: bool = False  # the funnel's Redis failed: this wait is a back-off
+    queued: int = 0  # fair share: 1 join the tenant's waiting queue, 2 in front (_fair)
 
 
 @dataclass(frozen=True)
@@ -68,6 +84,8 @@ class Limit:
     pattern: str | None = None
     scope: str = "global"
     windows: int = 10
+    fair_by: str | KeyFunc | None = None  # fair share between tenants (_fair)
+    weights: Any = None  # the tenants' weights: a mapping or a callable (_fair)
 
     def __post_init__(self) -> None:
         # a Limit built directly is checked as one from parse_limit is, in the same words
@@ -79,11 +97,7 @@ class Limit:
         """The part of the funnel key that ``args``/``kwargs`` select ("" = one funnel)."""
         if self.key is None:
             return ""
-        if callable(self.key):
-            return safe_part(check_plain("funnel_key", "key()", self.key(*args, **kwargs)))
-        bound = inspect.signature(run).bind(*args, **kwargs)
-        bound.apply_defaults()
-        return _SafeFormatter().vformat(self.key, (), bound.arguments)
+        return select_part(self.key, run, args, kwargs)
 
     def cost_of(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int:
         """Units one task takes."""
@@ -191,6 +205,12 @@ def _worker_wide(spec: Mapping[str, Any], where: str) -> None:
             f" by arguments, use a FunnelTask with funnel_key=... (or 'key' in its"
             f" funnel_limits)"
         )
+    if spec.get("fair_by") is not None or spec.get("weights") is not None:
+        raise ConfigurationError(
+            f"{where}: 'fair_by'={spec.get('fair_by')!r} is not supported in worker-wide"
+            f" limits (tasks of any signature); use a FunnelTask with funnel_fair_by=..."
+            f" (or 'fair_by' in its funnel_limits)"
+        )
     if spec.get("cost", 1) != 1:
         raise ConfigurationError(
             f"{where}: 'cost'={spec['cost']!r} is not supported in worker-wide limits (each"
@@ -236,6 +256,7 @@ def parse_limit(
             )
     if pattern is not None:
         _worker_wide(spec, where)
+    fair_by, weights = check_fair(spec, where, label)
     try:
         rate = Rate.parse(spec["rate"])
     except ConfigurationError as exc:
@@ -250,6 +271,6 @@ def parse_limit(
     scope = _choice(where, label("scope"), spec.get("scope", "global"), SCOPES)
     key = _key(spec, where, label)
     try:  # the strategy's own checks, named as the others are
-        return Limit(rate, capacity, strategy, key, cost, pattern, scope, windows)
+        return Limit(rate, capacity, strategy, key, cost, pattern, scope, windows, fair_by, weights)
     except ConfigurationError as exc:
         raise ConfigurationError(f"{where}: {exc}") from None

@@ -37,6 +37,7 @@ from kombu.messaging import Producer
 from redis.exceptions import RedisError
 
 from ._errors import BackendError
+from ._fair_store import FairStore
 from ._keys import parked_keys
 
 __all__ = ["ParkStore", "Parked", "Release", "capture"]
@@ -129,7 +130,7 @@ class ParkStore:
     """
 
     def __init__(self, client: Any, prefix: str) -> None:
-        self.client = client
+        self.client, self.prefix = client, prefix
         self.keys = parked_keys(prefix)
         prelude = _read("_parked")
         self._park, self._claim, self._done, self._accept, self._purge = (
@@ -211,10 +212,15 @@ class ParkStore:
         ``PAGE * PAGES`` per call)."""
         ids = [p.task_id for p in self.entries(PAGE * PAGES, label)]
         action = "release" if release else "purge"
-        return sum(
+        done = sum(
             int(self._run(self._purge, action, *ids[start : start + PAGE])[0])
             for start in range(0, len(ids), PAGE)
         )
+        if not release:  # purged fair-share tasks leave their queues: no slot for them
+            fair = FairStore(self.client, self.prefix)
+            for start in range(0, len(ids), PAGE):
+                fair.forget(ids[start : start + PAGE])
+        return done
 
     def _run(self, script: Any, *args: Any) -> list[Any]:
         try:

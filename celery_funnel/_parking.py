@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from functools import cached_property, partial
 from typing import Any
 
 from ._errors import BackendError
+from ._fair_gate import SAFETY_SECONDS, Queues, admit
+from ._fair_store import FairStore
+from ._gate import Charge, FairStep
 from ._gate_state import State
 from ._park import ParkStore
 from ._republish import park
@@ -32,9 +36,14 @@ class Parking:
     def __init__(self, runtime: Runtime) -> None:
         settings = runtime.settings
         self.store: ParkStore | None = None
+        self.fair: FairStore | None = None
+        self.queues: Queues | None = None
+        self.app = runtime.app
         if settings.redis_url:
             client = runtime.funnel.client  # type: ignore[attr-defined]
             self.store = ParkStore(client, settings.key_prefix)
+            self.fair = FairStore(client, settings.key_prefix)
+            self.queues = Queues(self.fair)
         self.on = settings.park and self.store is not None
         self.after = min(settings.park_after, runtime.countdowns.cap)
         self._failing = False
@@ -43,19 +52,45 @@ class Parking:
         """Whether a wait of ``delay`` seconds is parked."""
         return self.on and not outage and self.after < delay < until_expiry
 
-    def park(self, request: Any, state: Mapping[str, Any], delay: float, label: str) -> bool:
-        """Park ``request`` (a Celery worker Request) for ``delay`` seconds; False when
-        it is a stale copy of a task released and run already (drop it).
+    def fair_step(self, task_id: str) -> FairStep | None:
+        """The gate's step on fair-share charges of task ``task_id`` (None with parking
+        off: fair funnels are then ordinary ones)."""
+        if not self.on or self.fair is None:
+            return None
+        return partial(admit, self.fair, task_id)
+
+    @cached_property
+    def transport(self) -> str:
+        """The broker transport's driver ("redis", "amqp" ...): its priority order."""
+        with self.app.connection_for_write() as connection:  # not connected: named only
+            return str(connection.transport.driver_type)
+
+    def park(
+        self,
+        request: Any,
+        state: Mapping[str, Any],
+        delay: float,
+        label: str,
+        fair: tuple[Charge, bool] | None = None,
+    ) -> bool:
+        """Park ``request`` (a Celery worker Request) for ``delay`` seconds, or with
+        ``fair`` (its fair charge, in front or not) in its tenant's waiting queue; False
+        when it is a stale copy of a task released and run already (drop it).
 
         Raises:
             BackendError: when Redis fails (keep the request).
         """
         assert self.store is not None
-        return park(
+        assert self.queues is not None
+        fresh = park(
             self.store, request.task, request._context, request.args, request.kwargs,
-            wait=delay, state=state, label=label,
+            wait=delay if fair is None else SAFETY_SECONDS, state=state, label=label,
             content_type=request.content_type, content_encoding=request.content_encoding,
         )  # fmt: skip
+        if fresh and fair is not None:
+            priority = (request.delivery_info or {}).get("priority")
+            self.queues.queue(fair[0], request.id, (self.transport, priority), fair[1])
+        return fresh
 
     def accept(self, request: Any, state: State) -> bool:
         """Whether to run this released copy of a parked task: False when another copy

@@ -25,9 +25,14 @@ OPTIONS = (
     "funnel_limits",
     "funnel_on_backend_error",
     "funnel_dry_run",
+    "funnel_fair_by",
+    "funnel_weights",
 )
-_FIELDS = ("rate", "capacity", "strategy", "key", "cost")  # funnel_<field> options
-_DEFAULTS = {"capacity": 1, "strategy": "gcra", "key": None, "cost": 1}  # FunnelTask's
+# funnel_<field> options
+_FIELDS = ("rate", "capacity", "strategy", "key", "cost", "fair_by", "weights")
+_DEFAULTS = {  # FunnelTask's
+    "capacity": 1, "strategy": "gcra", "key": None, "cost": 1, "fair_by": None, "weights": None,
+}  # fmt: skip
 _ABSTRACT_RUN = Task.__dict__["run"]
 
 
@@ -106,6 +111,11 @@ def limits_from(where: str, get: Getter) -> tuple[Limit, ...]:
         limits.append(parse_limit(spec, where=where, label=f"funnel_limits[{i}]['{{}}']".format))
     if len(limits) > 1 and any(limit.strategy != "gcra" for limit in limits):
         raise ConfigurationError(f"{where}: several limits on one task need the 'gcra' strategy")
+    if sum(limit.fair_by is not None for limit in limits) > 1:
+        raise ConfigurationError(
+            f"{where}: fair_by is set on several limits; one funnel per task is shared"
+            f" fairly (set funnel_fair_by, or 'fair_by' on one entry of funnel_limits)"
+        )
     return tuple(limits)
 
 
@@ -160,10 +170,13 @@ def check_keys(where: str, get: Getter, params: list[str] | None) -> None:
     """
     if params is None:
         return
-    keys = [("funnel_key", get("funnel_key"))] if get("funnel_rate") is not None else []
+    keys = []
+    if get("funnel_rate") is not None:
+        keys = [("funnel_key", get("funnel_key")), ("funnel_fair_by", get("funnel_fair_by"))]
     for i, spec in enumerate(get("funnel_limits") or ()):
         if isinstance(spec, Mapping):
             keys.append((f"funnel_limits[{i}]['key']", spec.get("key")))
+            keys.append((f"funnel_limits[{i}]['fair_by']", spec.get("fair_by")))
     for option, key in keys:
         if not isinstance(key, str):
             continue

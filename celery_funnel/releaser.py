@@ -5,7 +5,9 @@ Each pass claims the entries due within ``lead`` seconds, with a lease, publishe
 its original exchange and routing key with the release token in its ``celery_funnel``
 header, and forgets it. A revoked task is dropped instead. An entry whose releaser died
 before forgetting it is claimed again once its lease runs out; the worker gate runs only
-the first copy of a release it sees (``ParkStore.accept``).
+the first copy of a release it sees (``ParkStore.accept``). Each pass first hands the
+free slots of fair-share funnels to their waiting tasks (``_fair_gate.Dispatcher``),
+which makes those entries due.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from celery import bootsteps
 from celery.worker import state as worker_state
 
 from ._errors import BackendError
+from ._fair_gate import Dispatcher
+from ._fair_store import FairStore
 from ._park import ParkStore, Release
 from ._runtime import runtime_for
 from ._task_options import HEADER
@@ -70,6 +74,8 @@ class Releaser:
         self, app: Any, store: ParkStore, lease: float = LEASE_SECONDS, lead: float = LEAD_SECONDS
     ) -> None:
         self.app, self.store, self.lease, self.lead = app, store, lease, lead
+        prefix = runtime_for(app).settings.key_prefix
+        self.dispatcher = Dispatcher(FairStore(store.client, prefix))
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="celery-funnel-releaser")
         self._thread.daemon = True
@@ -112,6 +118,11 @@ class Releaser:
 
     def tick(self) -> float:
         """One pass; how long to pause before the next (seconds)."""
+        fair = self.dispatcher.tick()
+        pause = self._release()
+        return pause if fair is None else min(pause, fair)
+
+    def _release(self) -> float:
         following, now, releases = self.store.claim(self.lead, LEASE_SECONDS, BATCH, KEEP_SECONDS)
         for release in releases:
             if release.task_id in worker_state.revoked:

@@ -21,6 +21,7 @@ from celery import Task
 from celery.exceptions import Ignore
 
 from ._errors import ConfigurationError
+from ._fair_gate import fair_of
 from ._gate import (
     Charge,
     State,
@@ -54,7 +55,10 @@ class FunnelTask(Task):  # type: ignore[misc]
     ``cost``), all of which must admit the task at once (GCRA only), and
     ``funnel_on_backend_error`` (``"defer"``, ``"allow"`` or ``"raise"``; default: the
     app's setting) for when the funnel's Redis fails, and ``funnel_dry_run`` (default:
-    the app's setting) to run every task at once and only report the deferrals.
+    the app's setting) to run every task at once and only report the deferrals;
+    ``funnel_fair_by`` (format string or callable, like ``funnel_key``) shares the
+    funnel between tenants round-robin, weighted by ``funnel_weights`` (a mapping
+    tenant -> weight, or a callable; default 1), the highest priority first.
 
     Subclasses that override ``before_start`` must call ``super().before_start``.
 
@@ -71,6 +75,8 @@ class FunnelTask(Task):  # type: ignore[misc]
     funnel_limits: ClassVar[Any] = ()
     funnel_on_backend_error: ClassVar[str | None] = None  # None: the app's setting
     funnel_dry_run: ClassVar[bool | None] = None  # None: the app's setting
+    funnel_fair_by: ClassVar[Any] = None
+    funnel_weights: ClassVar[Any] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -178,8 +184,9 @@ class FunnelTask(Task):  # type: ignore[misc]
         if not limits:
             return []
         keys = self._funnel_keys(runtime, limits, args, kwargs)
+        run, name = self.run, self.name
         return [
-            Charge(limit, key, limit.cost_of(args, kwargs), self.name)
+            Charge(limit, key, limit.cost_of(args, kwargs), name, fair_of(limit, run, args, kwargs))
             for limit, key in zip(limits, keys, strict=True)
         ]
 

@@ -30,6 +30,7 @@ from celery.worker.state import task_ready
 
 from ._charges import Charges
 from ._checks import check_app
+from ._fair_gate import fair_charge
 from ._gate import (
     HEADER,
     Charge,
@@ -103,7 +104,8 @@ class WorkerGate:
             dry_run = dry_run_of(task, settings.dry_run)
         else:
             policy, dry_run = settings.on_backend_error, settings.dry_run
-        return Subject(request.name, request.id, policy, dry_run, expires_in=expires_in)
+        fair = self.parking.fair_step(request.id)
+        return Subject(request.name, request.id, policy, dry_run, expires_in=expires_in, fair=fair)
 
     def _pass(self, request: Any, charges: Sequence[Charge], state: State) -> Any:
         """Decide ``request`` now: run it, hold it, publish it again, or fail it."""
@@ -133,7 +135,8 @@ class WorkerGate:
         hold = min(max(aim, 0.0), _until_expiry(request))
         subject = self._subject(request)
         label = label_of(charges)
-        if self.parking.wants(step.delay, _until_expiry(request), outage=step.outage):
+        until = _until_expiry(request)
+        if step.queued or self.parking.wants(step.delay, until, outage=step.outage):
             report_wait(
                 self.runtime, subject, label, step, requeued=True,
                 send_event=self._send_event(request),
@@ -177,8 +180,9 @@ class WorkerGate:
 
     def _park(self, request: Any, charges: Sequence[Charge], step: Step, label: str) -> None:
         """Park the task in the funnels' Redis until its slot; ack the original after."""
+        fair = fair_charge(charges, step.queued)
         try:
-            fresh = self.parking.park(request, requeued(step.state, 0.0), step.delay, label)
+            fresh = self.parking.park(request, requeued(step.state, 0.0), step.delay, label, fair)
         except Exception as error:  # keep it, try again shortly
             logger.warning(
                 "celery-funnel: could not park deferred task %s[%s] (%r); holding it %.0f s",
