@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -46,6 +47,7 @@ from ._gate import (
 from ._held import Held, give_back_booking
 from ._keys import safe_part
 from ._limit import Limit
+from ._live import live_for
 from ._outage import BACKOFF_FIRST_SECONDS
 from ._parking import Parking
 from ._republish import republish
@@ -59,6 +61,10 @@ logger = logging.getLogger("celery_funnel")
 
 # held until its expiry is this much past, so that Celery sees it expired
 EXPIRY_MARGIN_SECONDS = 0.01
+# a paused funnel's task: parked this long (a resume releases it before), or, with
+# parking off, held this long between two looks at the (local) override table
+PAUSED_PARK_SECONDS = 60.0
+PAUSED_HOLD_SECONDS = 0.5
 
 
 class WorkerGate:
@@ -74,6 +80,7 @@ class WorkerGate:
         self.charges = Charges(runtime, consumer.app, self.hostname)
         self.held = Held(runtime, consumer, self._pass)
         self.parking = Parking(runtime)
+        self.live = live_for(consumer.app)
 
     def limits_for(self, name: str) -> tuple[Limit, ...]:
         """Every worker-wide limit whose pattern matches task ``name``."""
@@ -112,9 +119,12 @@ class WorkerGate:
             give_back_booking(self.runtime, charges, state, request.id)
             return None
         try:
-            step = judge(self.runtime, self._subject(request), charges, state)
+            # charges stay the code's (held requests keep them); overrides apply here,
+            # to every decision, from the table the live thread keeps fresh
+            step = self._decide(request, charges, state)
         except Exception as error:  # one task fails, the worker runs on
             return self._fail(request, error, reported=False)
+        self.live.count(dict.fromkeys(c.label for c in charges), step.run)
         if step.run:
             # the run is decided and paid: FunnelTask.before_start lets it through
             request.request_dict[HEADER] = state.header(gate=gate_mark())
@@ -122,6 +132,20 @@ class WorkerGate:
         if step.error is not None:
             return self._fail(request, step.error, reported=True)
         return self._wait(request, charges, step)
+
+    def _decide(self, request: Any, charges: Sequence[Charge], state: State) -> Step:
+        """``judge`` under the overrides in force; a paused funnel's task waits (parked
+        when parking is on, so that a resume releases it at once)."""
+        table = self.live.overrides
+        if table.paused(charges) is not None:
+            delay = PAUSED_PARK_SECONDS if self.parking.on else PAUSED_HOLD_SECONDS
+            after = state._replace(deferrals=state.deferrals + 1)
+            return Step(run=False, delay=delay, state=after)
+        return judge(self.runtime, self._subject(request), table.apply(charges), state)
+
+    def waiting(self) -> dict[str, int]:
+        """How many requests this worker holds, per funnel label."""
+        return dict(Counter(label_of(charges) for charges in self.held.charges()))
 
     def _wait(self, request: Any, charges: Sequence[Charge], step: Step) -> None:
         policy = self.runtime.countdowns
