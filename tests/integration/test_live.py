@@ -1,10 +1,15 @@
 """Operating funnels live on a running two-worker cluster: ``celery funnel set`` changes
 the admitted rate within a second, ``pause`` stops starts within a second and loses
-nothing, ``resume`` and ``unset`` restore the code's limit. Rates are measured from the
+nothing, ``resume`` and ``unset`` restore the code's limit; the dashboard, in a real
+headless Chromium, shows the funnels, charts them and pauses one; without the token its
+controls refuse, and a control sent as a GET does nothing. Rates are measured from the
 tasks' own start times (``proj.steady``: 20/s in the code)."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -14,51 +19,16 @@ from typing import Any
 
 import pytest
 import redis
-from celery import Celery
 
 from celery_funnel import control
 from celery_funnel._park import ParkStore
-from celery_funnel.testing import CeleryWorkers, RedisServer, peak
-from tests.integration.proj import close_app, make_app, runs
+from celery_funnel.testing import peak
+from tests.integration.live_cluster import ROOT, TASK, TOKEN, Cluster, Dashboard
+from tests.integration.proj import runs
 from tests.polling import wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
-ROOT = str(Path(__file__).resolve().parents[2])
-TASK = "proj.steady"  # 20/s, capacity 1
-
-
-class Cluster:
-    """A private Redis (broker and funnels), two real workers, and an app to send with."""
-
-    def __init__(self) -> None:
-        self.server = RedisServer().start()
-        self.url = self.server.url
-        self.env = {"FUNNEL_TEST_BROKER": self.url, "FUNNEL_TEST_REDIS": self.url}
-        self.app: Celery = make_app(self.url, self.url, task_ignore_result=True)
-        self.workers = CeleryWorkers(
-            "tests.integration.proj", 2, self.env, "-c", "4", "-Q", "proj", cwd=ROOT
-        )
-
-    def cli(self, *args: str) -> tuple[float, float, str]:
-        """Run ``celery -A tests.integration.proj funnel ARGS``; (started, ended, output)."""
-        env = {**self.env, "PATH": "/usr/bin:/bin"}
-        started = time.time()
-        done = subprocess.run(
-            [sys.executable, "-m", "celery", "-A", "tests.integration.proj", "funnel", *args],
-            capture_output=True, text=True, timeout=60, cwd=ROOT, env=env, check=False,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        return started, time.time(), done.stdout
-
-    def starts(self, first: int = 0) -> list[float]:
-        """Start times of the runs of TASK numbered ``first`` and up."""
-        return sorted(
-            r["at"] for r in runs(self.url) if r["name"] == TASK and r["args"][0] >= first
-        )
-
-    def send(self, numbers: range) -> None:
-        for n in numbers:
-            self.app.tasks[TASK].delay(n)
+SCREENSHOT = Path(ROOT) / "docs" / "dashboard.png"
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +39,17 @@ def cluster() -> Iterator[Cluster]:
         made.workers.wait_ready()
         yield made
     finally:
-        made.workers.stop()
-        close_app(made.app)
-        made.server.stop()
+        made.stop()
+
+
+@pytest.fixture(scope="module")
+def dashboard(cluster: Cluster) -> Iterator[Dashboard]:
+    served = Dashboard(cluster)
+    try:
+        served.wait_ready()
+        yield served
+    finally:
+        served.stop()
 
 
 def rate(starts: list[float], begin: float, end: float) -> float:
@@ -131,3 +109,112 @@ def test_pause_stops_starts_within_a_second_and_resume_runs_every_task_once(
     recorded = sorted(r["args"][0] for r in runs(cluster.url) if r["args"][0] >= 1000)
     assert recorded == list(range(1000, 1060))
     assert 0 < rate(starts, resumed, max(starts) + 1e-3) <= 21
+
+
+def test_without_the_token_nothing_is_shown_and_the_controls_refuse(
+    cluster: Cluster, dashboard: Dashboard
+) -> None:
+    csrf = {"X-CSRF-Token": "c" * 32, "Cookie": "celery_funnel_csrf=" + "c" * 32}
+    json_body = {"Content-Type": "application/json"}
+    assert dashboard.request("/api/state")[0] == 401
+    assert dashboard.request("/")[0] == 401
+    status, _ = dashboard.request("/api/pause/" + TASK, "POST", b"{}", **json_body, **csrf)
+    assert status == 401
+    wrong = {"Authorization": "Bearer " + "x" * len(TOKEN)}
+    status, _ = dashboard.request("/api/pause/" + TASK, "POST", b"{}", **json_body, **csrf, **wrong)
+    assert status == 401
+    good = {"Authorization": f"Bearer {TOKEN}"}
+    # a GET on a control's URL does nothing, with the token or not
+    assert dashboard.request("/api/pause/" + TASK, **good)[0] == 405
+    assert dashboard.request(f"/api/pause/{TASK}?x=1")[0] == 405
+    # the token without the page's CSRF token: refused too
+    status, _ = dashboard.request("/api/pause/" + TASK, "POST", b"{}", **json_body, **good)
+    assert status == 403
+    assert TASK not in control.overrides(cluster.app), "nothing was paused"
+    status, body = dashboard.request(
+        "/api/set/" + TASK, "POST", json.dumps({"rate": "7/s"}).encode(),
+        **json_body, **good, **csrf,
+    )  # fmt: skip
+    assert status == 200, body
+    assert str(control.overrides(cluster.app)[TASK].rate) == "7/s"
+    status, body = dashboard.request("/api/unset/" + TASK, "POST", b"", **good, **csrf)
+    assert (status, json.loads(body)["override"]) == (200, True)
+    status, body = dashboard.request(
+        "/api/set/" + TASK, "POST", b'{"rate": "fast"}', **json_body, **good, **csrf
+    )
+    assert status == 400
+    assert "invalid rate 'fast'" in body
+    assert TASK not in control.overrides(cluster.app)
+
+
+def test_the_dashboard_refuses_to_start_open_beyond_this_machine(cluster: Cluster) -> None:
+    env = {**cluster.env, "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.integration.proj", "funnel",
+         "dashboard", "--host", "0.0.0.0"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT, env=env, check=False,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "bound to '0.0.0.0'" in done.stderr
+    assert "--token" in done.stderr
+
+
+def chromium() -> Any:
+    """A headless Chromium driven by selenium (Debian's chromium and chromium-driver);
+    skipped when missing, failed under CI."""
+    binary, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if not (binary and driver):
+        message = "needs Debian's chromium and chromium-driver (apt-get install -y ...)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1500,1250"):
+        options.add_argument(argument)
+    return webdriver.Chrome(service=Service(executable_path=driver), options=options)
+
+
+def test_the_dashboard_in_a_browser_shows_charts_and_pauses_a_funnel(
+    cluster: Cluster, dashboard: Dashboard
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser = chromium()
+    try:
+        cluster.send(range(2000, 2080))
+        browser.get(f"{dashboard.url}/?token={TOKEN}")  # the page keeps it in a cookie
+        row = f'tr[data-funnel="{TASK}"]'
+        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, row), 20)
+        shown = browser.find_element(By.CSS_SELECTOR, "#funnels tbody").text
+        assert TASK in shown
+        assert "20/s (capacity 1, gcra)" in shown
+        plotted = f"return window.cfDashboard.admitted[{json.dumps(TASK)}] || 0"
+        wait_for(lambda: browser.execute_script(plotted) >= 5, 20)
+        first = browser.execute_script(plotted)
+        wait_for(lambda: browser.execute_script(plotted) > first, 10)  # the chart updates
+        assert browser.find_elements(By.CSS_SELECTOR, f'div.chart[data-funnel="{TASK}"] canvas')
+        button = f'{row} button[data-action="pause"]'
+        clicked = time.time()
+        browser.find_element(By.CSS_SELECTOR, button).click()
+        wait_for(lambda: "PAUSED" in browser.find_element(By.CSS_SELECTOR, row).text, 10)
+        paused_at = control.overrides(cluster.app)[TASK].at
+        time.sleep(2.5)  # the chart shows the pause; nothing may start
+        SCREENSHOT.parent.mkdir(exist_ok=True)
+        browser.save_screenshot(str(SCREENSHOT))
+        during = cluster.starts(2000)
+        print(
+            f"measured: pause clicked; written {paused_at - clicked:.3f} s after the click;"
+            f" last start {max(during) - paused_at:.3f} s after it; {len(during)} of 80 ran"
+        )
+        assert [at for at in during if at > paused_at + 1.0] == []
+        assert len(during) < 80, "the pause stopped starts before every task ran"
+        browser.find_element(By.CSS_SELECTOR, f'{row} button[data-action="unset"]').click()
+        wait_for(lambda: len(cluster.starts(2000)) >= 80, 60)
+    finally:
+        browser.quit()
+    numbers = sorted(r["args"][0] for r in runs(cluster.url) if r["args"][0] >= 2000)
+    assert numbers == list(range(2000, 2080)), "nothing lost, nothing run twice"
