@@ -96,10 +96,11 @@ class Dashboard:
         return self._log.read().decode(errors="replace")[-3000:]
 
     def request(
-        self, path: str, method: str = "GET", body: bytes | None = None, **headers: str
+        self, path: str, method: str = "GET", body: bytes | None = None, *headers: dict[str, str]
     ) -> tuple[int, str]:
-        """(status, body) of one request."""
-        request = urllib.request.Request(self.url + path, body, headers, method=method)
+        """(status, body) of one request with ``headers`` (several dicts, merged)."""
+        merged = {k: v for part in headers for k, v in part.items()}
+        request = urllib.request.Request(self.url + path, body, merged, method=method)
         try:
             with urllib.request.urlopen(request, timeout=10) as answer:
                 return answer.status, answer.read().decode()

@@ -19,10 +19,15 @@ from typing import Any
 
 import pytest
 import redis
+from prometheus_client import CollectorRegistry
 
-from celery_funnel import control
+from celery_funnel import Rate, control, prometheus
+from celery_funnel._gate import Charge
+from celery_funnel._limit import Limit
+from celery_funnel._live import Live, LiveThread, series_key
 from celery_funnel._park import ParkStore
 from celery_funnel.testing import peak
+from tests.integration.conftest import sample
 from tests.integration.live_cluster import ROOT, TASK, TOKEN, Cluster, Dashboard
 from tests.integration.proj import runs
 from tests.polling import wait_for
@@ -118,29 +123,29 @@ def test_without_the_token_nothing_is_shown_and_the_controls_refuse(
     json_body = {"Content-Type": "application/json"}
     assert dashboard.request("/api/state")[0] == 401
     assert dashboard.request("/")[0] == 401
-    status, _ = dashboard.request("/api/pause/" + TASK, "POST", b"{}", **json_body, **csrf)
+    status, _ = dashboard.request("/api/pause/" + TASK, "POST", b"{}", json_body, csrf)
     assert status == 401
     wrong = {"Authorization": "Bearer " + "x" * len(TOKEN)}
-    status, _ = dashboard.request("/api/pause/" + TASK, "POST", b"{}", **json_body, **csrf, **wrong)
+    status, _ = dashboard.request("/api/pause/" + TASK, "POST", b"{}", json_body, csrf, wrong)
     assert status == 401
     good = {"Authorization": f"Bearer {TOKEN}"}
     # a GET on a control's URL does nothing, with the token or not
-    assert dashboard.request("/api/pause/" + TASK, **good)[0] == 405
+    assert dashboard.request("/api/pause/" + TASK, "GET", None, good)[0] == 405
     assert dashboard.request(f"/api/pause/{TASK}?x=1")[0] == 405
     # the token without the page's CSRF token: refused too
-    status, _ = dashboard.request("/api/pause/" + TASK, "POST", b"{}", **json_body, **good)
+    status, _ = dashboard.request("/api/pause/" + TASK, "POST", b"{}", json_body, good)
     assert status == 403
     assert TASK not in control.overrides(cluster.app), "nothing was paused"
     status, body = dashboard.request(
         "/api/set/" + TASK, "POST", json.dumps({"rate": "7/s"}).encode(),
-        **json_body, **good, **csrf,
+        json_body, good, csrf,
     )  # fmt: skip
     assert status == 200, body
     assert str(control.overrides(cluster.app)[TASK].rate) == "7/s"
-    status, body = dashboard.request("/api/unset/" + TASK, "POST", b"", **good, **csrf)
+    status, body = dashboard.request("/api/unset/" + TASK, "POST", b"", good, csrf)
     assert (status, json.loads(body)["override"]) == (200, True)
     status, body = dashboard.request(
-        "/api/set/" + TASK, "POST", b'{"rate": "fast"}', **json_body, **good, **csrf
+        "/api/set/" + TASK, "POST", b'{"rate": "fast"}', json_body, good, csrf
     )
     assert status == 400
     assert "invalid rate 'fast'" in body
@@ -218,3 +223,48 @@ def test_the_dashboard_in_a_browser_shows_charts_and_pauses_a_funnel(
         browser.quit()
     numbers = sorted(r["args"][0] for r in runs(cluster.url) if r["args"][0] >= 2000)
     assert numbers == list(range(2000, 2080)), "nothing lost, nothing run twice"
+
+
+def test_status_metrics_and_series_show_overrides_and_parked_counts(cluster: Cluster) -> None:
+    client = redis.Redis.from_url(cluster.url)
+    control.set_override(cluster.app, TASK, "3/s", capacity=2, ttl="1h")
+    control.pause(cluster.app, "proj.limited")
+    try:
+        _, _, out = cluster.cli("status")
+        assert "overrides:" in out
+        assert f"{TASK}: code 20/s capacity 1; override rate 3/s, capacity 2; by " in out
+        assert "proj.limited: code 10/s capacity 1; override PAUSED; by " in out
+        assert "until " in out  # the ttl's end, local time
+        registry = CollectorRegistry()
+        metrics = prometheus.enable(registry)
+        live = Live()
+        thread = LiveThread(client, "funnel:", live, "probe@test", dict, lambda changes: None)
+        store = ParkStore(client, "funnel:")
+        meta = {"funnel": "probe", "task": "probe", "parked_at": time.time()}
+        store.park("probe-1", 3600.0, {"body": b"", "meta": meta}, "")
+        try:
+            live.count(["limit:x", TASK], admitted=True)
+            live.count([TASK], admitted=False)
+            thread.tick()
+        finally:
+            metrics.disconnect()
+            store.purge("probe")
+        assert sample(registry, "celery_funnel_override", funnel=TASK, field="rate") == 3.0
+        assert sample(registry, "celery_funnel_override", funnel=TASK, field="capacity") == 2.0
+        assert (
+            sample(registry, "celery_funnel_override", funnel="proj.limited", field="paused") == 1
+        )
+        assert live.overrides.paused([Charge(Limit(Rate.parse("1/s")), "k", 1, "proj.limited")])
+        fields: dict[str, int] = {}
+        for minute in (int(time.time()) // 60 - 1, int(time.time()) // 60):
+            for field, value in client.hgetall(series_key("funnel:", minute)).items():
+                label, _, kind = field.decode().rsplit("|", 2)
+                fields[f"{label}|{kind}"] = fields.get(f"{label}|{kind}", 0) + int(value)
+        assert fields.get(f"{TASK}|a", 0) >= 1
+        assert fields.get(f"{TASK}|r", 0) >= 1
+        assert fields.get("limit:x|a") == 1
+    finally:
+        control.unset(cluster.app, TASK)
+        control.unset(cluster.app, "proj.limited")
+        client.close()
+    assert control.overrides(cluster.app) == {}
