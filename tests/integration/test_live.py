@@ -254,11 +254,13 @@ def test_status_metrics_and_series_show_overrides_and_parked_counts(cluster: Clu
         assert (
             sample(registry, "celery_funnel_override", funnel="proj.limited", field="paused") == 1
         )
+        assert sample(registry, "celery_funnel_parked", funnel="probe") == 1
         assert live.overrides.paused([Charge(Limit(Rate.parse("1/s")), "k", 1, "proj.limited")])
         fields: dict[str, int] = {}
         for minute in (int(time.time()) // 60 - 1, int(time.time()) // 60):
             for field, value in client.hgetall(series_key("funnel:", minute)).items():
-                label, _, kind = field.decode().rsplit("|", 2)
+                text = field.decode() if isinstance(field, bytes) else field
+                label, _, kind = text.rsplit("|", 2)
                 fields[f"{label}|{kind}"] = fields.get(f"{label}|{kind}", 0) + int(value)
         assert fields.get(f"{TASK}|a", 0) >= 1
         assert fields.get(f"{TASK}|r", 0) >= 1
