@@ -19,13 +19,13 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from celery import bootsteps
-
 from . import signals
+from ._gate import Charge, State, Step
 from ._keys import live_key, parked_keys
+from ._loop import Loop, LoopStep
 from ._overrides import Change, Override, OverrideTable, changes
 
 __all__ = ["Live", "LiveStep", "LiveThread", "live_for", "series_key"]
@@ -36,6 +36,8 @@ ATTRIBUTE = "_celery_funnel_live"
 REFRESH_SECONDS = 0.5  # overrides apply within this (plus a decision) on every worker
 SERIES_KEEP_SECONDS = 3600.0 + 120.0  # an hour of per-second counts, and a margin
 ERROR_PAUSE_SECONDS = 2.0
+PAUSED_PARK_SECONDS = 60.0  # a paused funnel's task is parked this long at most
+PAUSED_HOLD_SECONDS = 0.5  # with parking off, held this long between two looks
 
 
 def series_key(prefix: str, minute: int) -> str:
@@ -60,6 +62,15 @@ class Live:
             for label in labels:
                 self._counts[(label, second, kind)] += 1
 
+    def paused_step(self, charges: Sequence[Charge], state: State, *, parked: bool) -> Step | None:
+        """The wait of a task of a paused funnel (None: none of ``charges`` is paused):
+        parked when parking is on (a resume releases it at once), else held in the worker
+        and looked at again soon (the table is local: no Redis call)."""
+        if self.overrides.paused(charges) is None:
+            return None
+        delay = PAUSED_PARK_SECONDS if parked else PAUSED_HOLD_SECONDS
+        return Step(run=False, delay=delay, state=state._replace(deferrals=state.deferrals + 1))
+
     def take(self) -> Counter[tuple[str, int, str]]:
         """The counts so far, forgotten here (the live thread writes them)."""
         with self._lock:
@@ -81,10 +92,13 @@ def live_for(app: Any) -> Live:
     return live
 
 
-class LiveThread:
+class LiveThread(Loop):
     """Runs ``tick`` every ``REFRESH_SECONDS`` until ``stop()``. ``waiting()``: how many
     tasks this worker holds, per funnel label; ``changed(changes)``: the overrides in
     force changed (``_overrides.Change`` by funnel name; set, ended, expired)."""
+
+    name = "celery-funnel-live"
+    error_pause = ERROR_PAUSE_SECONDS
 
     def __init__(
         self,
@@ -95,36 +109,18 @@ class LiveThread:
         waiting: Callable[[], dict[str, int]],
         changed: Callable[[dict[str, Change]], Any],
     ) -> None:
+        super().__init__()
         self.client, self.prefix, self.live, self.node = client, prefix, live, node
         self.waiting, self.changed = waiting, changed
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="celery-funnel-live", daemon=True)
         self._in_force: dict[str, Override] = {}
-        self._logged = False
 
-    def start(self) -> None:
-        self._thread.start()
+    def failed(self, error: Exception) -> None:
+        # Redis down: the table keeps its last content; the gates report the outage
+        logger.info("celery-funnel: live refresh failed: %s", error)
 
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stopped.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-
-    def _loop(self) -> None:
-        pause = 0.0
-        while not self._stopped.wait(pause):
-            pause = REFRESH_SECONDS
-            try:
-                self.tick()
-            except Exception as exc:  # Redis down: the table keeps its last content
-                if not self._logged:
-                    logger.info("celery-funnel: live refresh failed: %s", exc)
-                self._logged, pause = True, ERROR_PAUSE_SECONDS
-            else:
-                self._logged = False
-
-    def tick(self) -> None:
-        """One pass: one pipeline (round trip), then the table and the releases."""
+    def tick(self) -> float:
+        """One pass: one pipeline (round trip), then the table and what changed; the
+        pause before the next (seconds)."""
         counts = self.live.take()
         try:
             overrides, parked = self._exchange(counts)
@@ -141,7 +137,8 @@ class LiveThread:
         parked_counts = {
             (k.decode() if isinstance(k, bytes) else k): int(v) for k, v in parked.items()
         }
-        signals.live_refreshed.send(sender=self.node, overrides=table.all(), parked=parked_counts)
+        signals.live_refreshed.send(sender=self.node, overrides=in_force, parked=parked_counts)
+        return REFRESH_SECONDS
 
     def _exchange(self, counts: Counter[tuple[str, int, str]]) -> tuple[Any, Any]:
         pipe = self.client.pipeline(transaction=False)
@@ -160,25 +157,20 @@ class LiveThread:
         return replies[0], replies[1]
 
 
-class LiveStep(bootsteps.StartStopStep):  # type: ignore[misc]
+class LiveStep(LoopStep):
     """Consumer bootstep: runs a ``LiveThread`` while the consumer runs (funnels kept
     in Redis)."""
 
     label = "celery-funnel live"
 
-    def __init__(self, consumer: Any, **kwargs: Any) -> None:
-        super().__init__(consumer, **kwargs)
-        self.thread: LiveThread | None = None
-
-    def start(self, consumer: Any) -> None:
+    def make(self, consumer: Any) -> LiveThread | None:
         from . import control  # noqa: PLC0415 - control imports the task layer
         from ._runtime import runtime_for  # noqa: PLC0415
         from .worker import WorkerGate  # noqa: PLC0415
 
-        runtime = runtime_for(consumer.app)
-        if self.thread is not None or not runtime.settings.redis_url:
-            return
-        app = consumer.app
+        runtime, app = runtime_for(consumer.app), consumer.app
+        if not runtime.settings.redis_url:
+            return None
 
         def gate() -> WorkerGate | None:
             found = consumer.on_task_request
@@ -198,15 +190,7 @@ class LiveStep(bootsteps.StartStopStep):  # type: ignore[misc]
             if held is not None:  # every waiting task of those funnels decides again
                 held.held.wake(set(found))
 
-        self.thread = LiveThread(
+        return LiveThread(
             runtime.funnel.client, runtime.settings.key_prefix, live_for(app),  # type: ignore[attr-defined]
             getattr(consumer, "hostname", "") or "worker", waiting, changed,
         )  # fmt: skip
-        self.thread.start()
-
-    def stop(self, consumer: Any) -> None:
-        if self.thread is not None:
-            self.thread.stop()
-            self.thread = None
-
-    shutdown = stop

@@ -61,10 +61,6 @@ logger = logging.getLogger("celery_funnel")
 
 # held until its expiry is this much past, so that Celery sees it expired
 EXPIRY_MARGIN_SECONDS = 0.01
-# a paused funnel's task: parked this long (a resume releases it before), or, with
-# parking off, held this long between two looks at the (local) override table
-PAUSED_PARK_SECONDS = 60.0
-PAUSED_HOLD_SECONDS = 0.5
 
 
 class WorkerGate:
@@ -134,14 +130,13 @@ class WorkerGate:
         return self._wait(request, charges, step)
 
     def _decide(self, request: Any, charges: Sequence[Charge], state: State) -> Step:
-        """``judge`` under the overrides in force; a paused funnel's task waits (parked
-        when parking is on, so that a resume releases it at once)."""
-        table = self.live.overrides
-        if table.paused(charges) is not None:
-            delay = PAUSED_PARK_SECONDS if self.parking.on else PAUSED_HOLD_SECONDS
-            after = state._replace(deferrals=state.deferrals + 1)
-            return Step(run=False, delay=delay, state=after)
-        return judge(self.runtime, self._subject(request), table.apply(charges), state)
+        """``judge`` under the overrides in force (a paused funnel's task waits)."""
+        paused = self.live.paused_step(charges, state, parked=self.parking.on)
+        if paused is not None:
+            return paused
+        return judge(
+            self.runtime, self._subject(request), self.live.overrides.apply(charges), state
+        )
 
     def waiting(self) -> dict[str, int]:
         """How many requests this worker holds, per funnel label."""
