@@ -270,3 +270,22 @@ def test_status_metrics_and_series_show_overrides_and_parked_counts(cluster: Clu
         control.unset(cluster.app, "proj.limited")
         client.close()
     assert control.overrides(cluster.app) == {}
+
+
+def test_a_pause_with_a_ttl_ends_by_itself_and_releases_its_parked_tasks(
+    cluster: Cluster,
+) -> None:
+    control.pause(cluster.app, TASK, ttl=2.0)
+    ends = control.overrides(cluster.app)[TASK].expires_at
+    assert ends is not None
+    time.sleep(0.6)
+    cluster.send(range(3000, 3010))
+    store = ParkStore(redis.Redis.from_url(cluster.url), "funnel:")
+    wait_for(lambda: store.counts().get(TASK, 0) == 10, 10)  # all parked, none ran
+    assert cluster.starts(3000) == []
+    wait_for(lambda: len(cluster.starts(3000)) == 10, 20)
+    starts = cluster.starts(3000)
+    print(f"measured: first start {starts[0] - ends:.3f} s after the pause's ttl ended")
+    assert starts[0] >= ends
+    assert starts[0] - ends < 5.0, "released when the pause ended, not after 60 s"
+    assert control.overrides(cluster.app) == {}, "the expired override is gone"
