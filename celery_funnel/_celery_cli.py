@@ -23,7 +23,7 @@ from ._runtime import Runtime, runtime_for
 from .backends._check import acl_line, check
 from .backends._clients import mask_url
 from .backends.redis import RedisFunnel
-from .control import overrides, owner
+from .control import families, overrides, owner
 
 SHOWN = 20  # keys listed before "... and N more"
 
@@ -77,10 +77,10 @@ def status(ctx: click.Context, as_json: bool) -> None:
     rows = [describe(backend, k, limit_of(runtime, k)) for k in found.funnels]
     store = ParkStore(backend.client, runtime.settings.key_prefix)
     counts = store.counts() if found.parked else {}
-    entries = overrides(ctx.obj.app)
+    entries, known = overrides(ctx.obj.app), families(ctx.obj.app)
     for key, row in zip(found.funnels, rows, strict=True):
         row["parked"] = counts.get(row["name"], 0)
-        name = owner(ctx.obj.app, key)
+        name = owner(ctx.obj.app, key, known)
         if name in entries:
             row["override"] = entries[name].as_dict()
     _echo_rows(ctx, rows, as_json)

@@ -220,11 +220,17 @@ def _family(runtime: Runtime, name: str) -> str:
     return parsed.name
 
 
-def owner(app: Any, key: FunnelKey) -> str | None:
-    """The funnel name (as overrides name it) that funnel ``key`` belongs to, if any."""
+def families(app: Any) -> dict[str, str]:
+    """The name each funnel's keys carry in their hash tag -> the funnel's name."""
     runtime = runtime_for(app)
-    for name in funnel_names(app):
-        if key.in_family(_family(runtime, name)):
+    return {_family(runtime, name): name for name in funnel_names(app)}
+
+
+def owner(app: Any, key: FunnelKey, known: dict[str, str] | None = None) -> str | None:
+    """The funnel name (as overrides name it) that funnel ``key`` belongs to, if any;
+    ``known``: ``families(app)``, when asking for many keys."""
+    for family, name in (known or families(app)).items():
+        if key.in_family(family):
             return name
     return None
 

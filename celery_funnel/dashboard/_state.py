@@ -80,8 +80,9 @@ def funnel_state(app: Any, hook: ConcurrencyHook = no_concurrency) -> dict[str, 
     parked = ParkStore(client, prefix).counts() if runtime.settings.park else {}
     waiting = _waiting(client, prefix, now)
     by_name: dict[str, list[FunnelKey]] = {}
+    known = control.families(app)
     for key in found.funnels:
-        owner = control.owner(app, key)
+        owner = control.owner(app, key, known)
         if owner is not None:
             by_name.setdefault(owner, []).append(key)
     rows = []
