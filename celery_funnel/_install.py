@@ -15,14 +15,14 @@ __all__ = ["install"]
 def install(app: Any) -> Any:
     """Register celery-funnel with ``app`` and return it; calling it again does nothing.
 
-        Adds the consumer bootstep that checks the ``funnel_*`` settings and task options
-        at worker start (failing it with the setting's name and value) and enforces
-        ``funnel_limits`` for every matching task, the one that releases parked tasks when
-        they are due, the one that reads runtime overrides (``control``) and writes the
-    dashboard's counts, and checks the ``funnel_*`` options of
-        each later ``@app.task(...)`` call as it is made (``ConfigurationError`` raised
-        from the decorator line). Settings are read when first needed, so ``app.conf``
-        may be filled in after this call.
+    Adds the consumer bootstep that checks the ``funnel_*`` settings and task options
+    at worker start (failing it with the setting's name and value) and enforces
+    ``funnel_limits`` for every matching task, the one that releases parked tasks when
+    they are due, and the one that reads runtime overrides (``control``) and writes the
+    dashboard's counts; and checks the ``funnel_*`` options of each later
+    ``@app.task(...)`` call as it is made (``ConfigurationError`` raised from the
+    decorator line). Settings are read when first needed, so ``app.conf`` may be filled
+    in after this call.
     """
     from ._live import LiveStep  # noqa: PLC0415 - celery.bootsteps only when installing
     from .releaser import ReleaserStep  # noqa: PLC0415
