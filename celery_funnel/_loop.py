@@ -62,6 +62,9 @@ class LoopStep(bootsteps.StartStopStep):  # type: ignore[misc]
     nothing to run) while the consumer runs."""
 
     label = "celery-funnel loop"
+    # started after the gate, so stopped before it: the gate's shutdown closes the
+    # funnels' Redis client that the loop uses (a pass after that would reopen it)
+    requires = ("celery_funnel.worker:FunnelGate",)
 
     def __init__(self, consumer: Any, **kwargs: Any) -> None:
         super().__init__(consumer, **kwargs)
