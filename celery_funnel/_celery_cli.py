@@ -14,6 +14,7 @@ from typing import Any
 import click
 from celery.bin.base import CeleryCommand, handle_preload_options
 
+from ._cli_control import dashboard, override_lines, pause, resume, set_command, unset
 from ._cli_parked import parked, parked_summary, purge, release
 from ._cli_view import Failure, Found, at, describe, fair_lines, find, limit_of
 from ._keys import FunnelKey, parse_key
@@ -22,6 +23,7 @@ from ._runtime import Runtime, runtime_for
 from .backends._check import acl_line, check
 from .backends._clients import mask_url
 from .backends.redis import RedisFunnel
+from .control import families, overrides, owner
 
 SHOWN = 20  # keys listed before "... and N more"
 
@@ -77,8 +79,12 @@ def status(ctx: click.Context, as_json: bool) -> None:
     rows = [describe(backend, k, limit_of(runtime, k)) for k in found.funnels]
     store = ParkStore(backend.client, runtime.settings.key_prefix)
     counts = store.counts() if found.parked else {}
-    for row in rows:
+    entries, known = overrides(ctx.obj.app), families(ctx.obj.app)
+    for key, row in zip(found.funnels, rows, strict=True):
         row["parked"] = counts.get(row["name"], 0)
+        name = owner(ctx.obj.app, key, known)
+        if name in entries:
+            row["override"] = entries[name].as_dict()
     _echo_rows(ctx, rows, as_json)
     if found.parked and not as_json:
         summary = parked_summary(store)
@@ -86,6 +92,10 @@ def status(ctx: click.Context, as_json: bool) -> None:
             ctx.obj.echo(f"parked: {count} tasks of {label}")
         if summary["next_release"]:
             ctx.obj.echo(f"parked: next release {summary['next_release']}")
+    if entries and not as_json:
+        ctx.obj.echo("overrides:")
+        for line in override_lines(ctx.obj.app, entries):
+            ctx.obj.echo(f"  {line}")
     if found.foreign and not as_json:
         ctx.obj.echo(f"({found.foreign} other keys under the prefix are not funnels: left alone)")
 
@@ -206,5 +216,5 @@ def check_command(ctx: click.Context) -> None:
     ctx.obj.echo("ok: celery-funnel can keep its funnels in this Redis")
 
 
-for _command in (parked, release, purge):
+for _command in (parked, release, purge, set_command, pause, resume, unset, dashboard):
     funnel.add_command(_command)

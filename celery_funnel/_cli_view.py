@@ -13,7 +13,7 @@ from redis.exceptions import RedisError
 from . import strategies
 from ._errors import BackendConfigurationError, BackendError
 from ._fair_store import fair_status
-from ._keys import FunnelKey, is_parked_key, parse_key, scan_pattern, tickets_key
+from ._keys import FunnelKey, is_live_key, is_parked_key, parse_key, scan_pattern, tickets_key
 from ._limit import Limit
 from ._runtime import Runtime
 from ._task_options import limits_of
@@ -33,6 +33,7 @@ class Found:
         self.keys: list[FunnelKey] = []
         self.foreign = 0
         self.parked = 0  # keys of the parked tasks (shown apart)
+        self.live = 0  # keys of overrides and the charts' series (shown apart)
 
     @property
     def funnels(self) -> list[FunnelKey]:
@@ -52,6 +53,8 @@ def find(client: Any, prefix: str, name: str = "") -> Found:
         parsed = parse_key(prefix, raw)
         if parsed is None and is_parked_key(prefix, raw):
             found.parked += 1
+        elif parsed is None and is_live_key(prefix, raw):
+            found.live += 1
         elif parsed is None or (name and not parsed.in_family(name)):
             found.foreign += 1
         else:

@@ -62,6 +62,10 @@ class Held:
     def __len__(self) -> int:
         return len(self._held)
 
+    def charges(self) -> list[Sequence[Charge]]:
+        """The charges of every held request (read from another thread: a copy)."""
+        return [entry[2] for entry in list(self._held.values())]
+
     def hold(self, request: Any, charges: Sequence[Charge], state: State, delay: float) -> None:
         """Hold ``request`` for ``delay`` seconds, outside the prefetch window (so that
         other tasks keep flowing while it waits), as Celery holds ETA tasks."""
@@ -86,6 +90,19 @@ class Held:
         request, _entry, charges, state = held
         self.consumer.qos.decrement_eventually()
         self.release(request, charges, state)
+
+    def wake(self, labels: set[str]) -> None:
+        """Decide again now every held request charged by a funnel of ``labels`` (their
+        limits changed). Safe from another thread: only one timer entry is added here,
+        and the requests are woken where their timers run."""
+        self.consumer.timer.call_after(0.0, self._wake, (frozenset(labels),), priority=6)
+
+    def _wake(self, labels: frozenset[str]) -> None:
+        for task_id, (request, _entry, charges, state) in list(self._held.items()):
+            if any(charge.label in labels for charge in charges):
+                self.forget(task_id)
+                # a slot booked under the old limit is not redeemed: it decides anew
+                self.release(request, charges, state._replace(booked=False))
 
     def sweep(self) -> None:
         """End every held request that was revoked meanwhile, giving its slot back."""

@@ -18,18 +18,21 @@ def install(app: Any) -> Any:
     Adds the consumer bootstep that checks the ``funnel_*`` settings and task options
     at worker start (failing it with the setting's name and value) and enforces
     ``funnel_limits`` for every matching task, the one that releases parked tasks when
-    they are due, and checks the ``funnel_*`` options of
-    each later ``@app.task(...)`` call as it is made (``ConfigurationError`` raised
-    from the decorator line). Settings are read when first needed, so ``app.conf``
-    may be filled in after this call.
+    they are due, and the one that reads runtime overrides (``control``) and writes the
+    dashboard's counts; and checks the ``funnel_*`` options of each later
+    ``@app.task(...)`` call as it is made (``ConfigurationError`` raised from the
+    decorator line). Settings are read when first needed, so ``app.conf`` may be filled
+    in after this call.
     """
-    from .releaser import ReleaserStep  # noqa: PLC0415 - celery.bootsteps only when installing
+    from ._live import LiveStep  # noqa: PLC0415 - celery.bootsteps only when installing
+    from .releaser import ReleaserStep  # noqa: PLC0415
     from .worker import FunnelGate  # noqa: PLC0415
 
     runtime = runtime_for(app)
     if not runtime.installed:
         app.steps["consumer"].add(FunnelGate)
         app.steps["consumer"].add(ReleaserStep)
+        app.steps["consumer"].add(LiveStep)
         signals.celeryd_init.connect(_on_worker_init, weak=False)
         check_definitions(app)
         runtime.installed = True

@@ -27,6 +27,10 @@ funnel state: ``parse_key`` does not take them, so ``reset`` never deletes them
 
 Keys of the layout before 0.3 (``{<key>}:tickets``, ``{<key>}:<n>`` sliding-window
 counters) are never read again and expire by themselves (at most one period).
+Live operation (``control``, ``_live``) shares another tag, ``{~live}``:
+``<prefix>{~live}#overrides`` (hash: funnel name -> override JSON) and
+``<prefix>{~live}#series:<minute>`` (hash: admitted/refused counts per second of one
+minute, expiring after an hour). ``parse_key`` does not take them either.
 """
 
 from __future__ import annotations
@@ -44,8 +48,10 @@ __all__ = [
     "funnel_key",
     "glob_escape",
     "hash_tag",
+    "is_live_key",
     "is_parked_key",
     "limit_key",
+    "live_key",
     "parked_keys",
     "parse_key",
     "safe_part",
@@ -175,6 +181,20 @@ def is_parked_key(prefix: str, key: str | bytes) -> bool:
     """Whether ``key`` is one of the parked tasks' keys under ``prefix``."""
     text = key.decode("ascii", "replace") if isinstance(key, bytes) else key
     return text in parked_keys(prefix) or text == fair_registry_key(prefix)
+
+
+LIVE_TAG = "~live"
+
+
+def live_key(prefix: str, part: str) -> str:
+    """A key of live operation under ``prefix``: ``overrides``, or ``series:<minute>``."""
+    return f"{prefix}{{{LIVE_TAG}}}{COMPANION_MARK}{part}"
+
+
+def is_live_key(prefix: str, key: str | bytes) -> bool:
+    """Whether ``key`` is one of live operation's keys under ``prefix``."""
+    text = key.decode("ascii", "replace") if isinstance(key, bytes) else key
+    return text.startswith(live_key(prefix, ""))
 
 
 def glob_escape(text: str) -> str:

@@ -18,7 +18,13 @@ key, so the label stays small):
   exception class);
 - ``celery_funnel_deferral_delay_seconds{funnel}``: histogram of the waits;
 - ``celery_funnel_backend_errors_total``: failed calls to the funnel's Redis;
-- ``celery_funnel_backend_up``: 0 during an outage, else 1.
+- ``celery_funnel_backend_up``: 0 during an outage, else 1;
+- ``celery_funnel_override{funnel,field}``: runtime overrides in force (``control``):
+  field ``rate`` (units per second), ``capacity``, ``concurrency`` and ``paused`` (1);
+  a funnel without an override has none;
+- ``celery_funnel_parked{funnel}``: tasks parked in the funnels' Redis, per funnel.
+
+The last two are read by each worker's live thread about twice a second.
 """
 
 from __future__ import annotations
@@ -50,6 +56,8 @@ class Metrics:
     delay: Histogram
     backend_errors: Counter
     backend_up: Gauge
+    override: Gauge
+    parked: Gauge
 
     def _receivers(self) -> list[tuple[Any, Any]]:
         return [
@@ -58,6 +66,7 @@ class Metrics:
             (signals.task_refused, self._on_refused),
             (signals.backend_error, self._on_backend_error),
             (signals.backend_recovered, self._on_backend_recovered),
+            (signals.live_refreshed, self._on_live_refreshed),
         ]
 
     def disconnect(self) -> None:
@@ -88,6 +97,24 @@ class Metrics:
 
     def _on_backend_recovered(self, sender: Any = None, **_: Any) -> None:
         self.backend_up.set(1)
+
+    def _on_live_refreshed(
+        self, sender: Any = None, overrides: Any = None, parked: Any = None, **_: Any
+    ) -> None:
+        self.override.clear()  # an ended override leaves no series behind
+        for name, entry in (overrides or {}).items():
+            values = {
+                "rate": None if entry.rate is None else entry.rate.per_second,
+                "capacity": entry.capacity,
+                "concurrency": entry.concurrency,
+                "paused": 1 if entry.paused else None,
+            }
+            for field, value in values.items():
+                if value is not None:
+                    self.override.labels(funnel=name, field=field).set(value)
+        self.parked.clear()
+        for label, count in (parked or {}).items():
+            self.parked.labels(funnel=label).set(count)
 
 
 _enabled: dict[int, Metrics] = {}
@@ -126,6 +153,20 @@ def enable(registry: CollectorRegistry | None = None) -> Metrics:
             "0 while the funnel's Redis fails",
             registry=registry,
             multiprocess_mode="min",
+        ),
+        override=Gauge(
+            prefix + "override",
+            "Runtime overrides in force (rate per second, capacity, concurrency, paused)",
+            ["funnel", "field"],
+            registry=registry,
+            multiprocess_mode="max",
+        ),
+        parked=Gauge(
+            prefix + "parked",
+            "Tasks parked in the funnels' Redis",
+            ["funnel"],
+            registry=registry,
+            multiprocess_mode="max",
         ),
     )
     metrics.backend_up.set(1)

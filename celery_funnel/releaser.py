@@ -13,16 +13,15 @@ which makes those entries due.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Any
 
-from celery import bootsteps
 from celery.worker import state as worker_state
 
 from ._errors import BackendError
 from ._fair_gate import Dispatcher
 from ._fair_store import FairStore
+from ._loop import Loop, LoopStep
 from ._park import ParkStore, Release
 from ._runtime import runtime_for
 from ._task_options import HEADER
@@ -67,48 +66,27 @@ def publish(app: Any, release: Release) -> None:
         )  # fmt: skip
 
 
-class Releaser:
+class Releaser(Loop):
     """Releases the app's due parked tasks from ``store`` until ``stop()``."""
+
+    name = "celery-funnel-releaser"
+    error_pause = ERROR_PAUSE_SECONDS
 
     def __init__(
         self, app: Any, store: ParkStore, lease: float = LEASE_SECONDS, lead: float = LEAD_SECONDS
     ) -> None:
+        super().__init__()
         self.app, self.store, self.lease, self.lead = app, store, lease, lead
         prefix = runtime_for(app).settings.key_prefix
         self.dispatcher = Dispatcher(FairStore(store.client, prefix))
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="celery-funnel-releaser")
-        self._thread.daemon = True
-        self._failing = False
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self._stopped.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        pause = 0.0
-        while not self._stopped.wait(pause):
-            try:
-                pause = self.tick()
-            except Exception as exc:  # tried again after a pause
-                self._failed(exc)
-                pause = ERROR_PAUSE_SECONDS
-            else:
-                if self._failing:
-                    logger.info("celery-funnel: releasing parked tasks works again")
-                self._failing = False
-
-    def _failed(self, error: Exception) -> None:
-        if self._failing:
-            return
-        self._failing = True
+    def failed(self, error: Exception) -> None:
         # an outage of the funnels' Redis is reported once by the gates (WARNING)
         level = logging.INFO if isinstance(error, BackendError) else logging.ERROR
         logger.log(level, "celery-funnel: releasing parked tasks failed: %s", error, exc_info=True)
+
+    def recovered(self) -> None:
+        logger.info("celery-funnel: releasing parked tasks works again")
 
     def _drop(self, release: Release) -> None:
         """A revoked task: never published; its result says REVOKED, as Celery's would."""
@@ -145,25 +123,13 @@ def park_store(app: Any) -> ParkStore | None:
     return ParkStore(runtime.funnel.client, runtime.settings.key_prefix)  # type: ignore[attr-defined]
 
 
-class ReleaserStep(bootsteps.StartStopStep):  # type: ignore[misc]
+class ReleaserStep(LoopStep):
     """Consumer bootstep: runs a ``Releaser`` while the consumer runs (parking on)."""
 
     label = "celery-funnel releaser"
 
-    def __init__(self, consumer: Any, **kwargs: Any) -> None:
-        super().__init__(consumer, **kwargs)
-        self.releaser: Releaser | None = None
-
-    def start(self, consumer: Any) -> None:
+    def make(self, consumer: Any) -> Releaser | None:
         store = park_store(consumer.app)
-        if store is not None and self.releaser is None:
-            lease = runtime_for(consumer.app).settings.park_lease
-            self.releaser = Releaser(consumer.app, store, lease)
-            self.releaser.start()
-
-    def stop(self, consumer: Any) -> None:
-        if self.releaser is not None:
-            self.releaser.stop()
-            self.releaser = None
-
-    shutdown = stop
+        if store is None:
+            return None
+        return Releaser(consumer.app, store, runtime_for(consumer.app).settings.park_lease)

@@ -19,7 +19,14 @@ from __future__ import annotations
 
 from celery.utils.dispatch import Signal
 
-__all__ = ["backend_error", "backend_recovered", "task_admitted", "task_deferred", "task_refused"]
+__all__ = [
+    "backend_error",
+    "backend_recovered",
+    "live_refreshed",
+    "task_admitted",
+    "task_deferred",
+    "task_refused",
+]
 
 task_admitted = Signal(name="task_admitted", providing_args={"task_id", "funnel", "dry_run"})
 """A task passed its funnel. ``funnel``: the task's name, or ``limit:<pattern>`` for a
@@ -47,3 +54,9 @@ backend_error = Signal(name="backend_error", providing_args={"error", "policy", 
 
 backend_recovered = Signal(name="backend_recovered", providing_args={"downtime"})
 """The funnel's Redis answers again after an outage of ``downtime`` seconds (float)."""
+
+live_refreshed = Signal(name="live_refreshed", providing_args={"overrides", "parked"})
+"""A worker's live thread read the overrides and the parked counts (about twice a
+second; the sender is the worker's node name): ``overrides`` maps funnel names to
+``control.Override``s in force, ``parked`` funnel labels to how many tasks they hold
+parked."""

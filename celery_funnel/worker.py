@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -47,6 +48,7 @@ from ._gate import (
 from ._held import Held, give_back_booking
 from ._keys import safe_part
 from ._limit import Limit
+from ._live import live_for
 from ._outage import BACKOFF_FIRST_SECONDS
 from ._parking import Parking
 from ._republish import republish
@@ -75,6 +77,7 @@ class WorkerGate:
         self.charges = Charges(runtime, consumer.app, self.hostname)
         self.held = Held(runtime, consumer, self._pass)
         self.parking = Parking(runtime)
+        self.live = live_for(consumer.app)
 
     def limits_for(self, name: str) -> tuple[Limit, ...]:
         """Every worker-wide limit whose pattern matches task ``name``."""
@@ -114,9 +117,12 @@ class WorkerGate:
             give_back_booking(self.runtime, charges, state, request.id)
             return None
         try:
-            step = judge(self.runtime, self._subject(request), charges, state)
+            # charges stay the code's (held requests keep them); overrides apply here,
+            # to every decision, from the table the live thread keeps fresh
+            step = self._decide(request, charges, state)
         except Exception as error:  # one task fails, the worker runs on
             return self._fail(request, error, reported=False)
+        self.live.count(dict.fromkeys(c.label for c in charges), step.run)
         if step.run:
             # the run is decided and paid: FunnelTask.before_start lets it through
             request.request_dict[HEADER] = state.header(gate=gate_mark())
@@ -124,6 +130,19 @@ class WorkerGate:
         if step.error is not None:
             return self._fail(request, step.error, reported=True)
         return self._wait(request, charges, step)
+
+    def _decide(self, request: Any, charges: Sequence[Charge], state: State) -> Step:
+        """``judge`` under the overrides in force (a paused funnel's task waits)."""
+        paused = self.live.paused_step(charges, state, parked=self.parking.on)
+        if paused is not None:
+            return paused
+        return judge(
+            self.runtime, self._subject(request), self.live.overrides.apply(charges), state
+        )
+
+    def waiting(self) -> dict[str, int]:
+        """How many requests this worker holds, per funnel label."""
+        return dict(Counter(label_of(charges) for charges in self.held.charges()))
 
     def _wait(self, request: Any, charges: Sequence[Charge], step: Step) -> None:
         policy = self.runtime.countdowns

@@ -1,0 +1,137 @@
+"""What the dashboard shows, read from the funnels' Redis: every funnel of the app with
+its limits, override, level, parked and waiting tasks, and the per-second series the
+workers' live threads write (``_live``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .. import control
+from .._cli_view import Failure, describe, find, limit_of
+from .._keys import FunnelKey, live_key
+from .._live import SERIES_KEEP_SECONDS, series_key
+from .._park import ParkStore
+from .._runtime import runtime_for
+
+__all__ = ["ConcurrencyHook", "funnel_state", "series"]
+
+WORKER_FRESH_SECONDS = 5.0  # a worker that has not written for this long is gone
+KEYS_SHOWN = 50  # funnel keys (customers) peeked per funnel
+HOUR = 3600
+
+# how many tasks of a funnel run now under a concurrency limit (issue 16's leases),
+# None when it has none: the dashboard shows what the hook returns
+ConcurrencyHook = Callable[[Any, str], "int | None"]
+
+
+def no_concurrency(app: Any, name: str) -> int | None:
+    return None
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _waiting(client: Any, prefix: str, now: float) -> dict[str, int]:
+    """Tasks the live workers hold, by funnel label."""
+    total: dict[str, int] = {}
+    for raw in client.hgetall(live_key(prefix, "workers")).values():
+        state = json.loads(raw)
+        if now - float(state.get("at", 0)) > WORKER_FRESH_SECONDS:
+            continue
+        for label, count in (state.get("waiting") or {}).items():
+            total[label] = total.get(label, 0) + int(count)
+    return total
+
+
+def _of(name: str, by_label: dict[str, int]) -> int:
+    """The count of funnel ``name`` among labels that may join several with ``+``."""
+    return sum(n for label, n in by_label.items() if name in label.split("+"))
+
+
+def _level(app: Any, keys: list[FunnelKey]) -> dict[str, Any]:
+    """The fullest of the funnel's keys: units in use of its capacity."""
+    runtime = runtime_for(app)
+    backend = runtime.funnel
+    best: dict[str, Any] = {"used": 0, "capacity": None, "keys": len(keys)}
+    for key in keys[:KEYS_SHOWN]:
+        row = describe(backend, key, limit_of(runtime, key))  # type: ignore[arg-type]
+        if "capacity" not in row or "remaining" not in row:
+            continue
+        used = int(row["capacity"]) - int(row["remaining"])
+        if best["capacity"] is None or used > best["used"]:
+            best.update(used=used, capacity=int(row["capacity"]))
+    return best
+
+
+def funnel_state(app: Any, hook: ConcurrencyHook = no_concurrency) -> dict[str, Any]:
+    """Every funnel of ``app``, as the dashboard's table shows it.
+
+    Raises:
+        BackendError, RedisError: when the funnels' Redis fails.
+    """
+    runtime = runtime_for(app)
+    client, prefix, now = runtime.funnel.client, runtime.settings.key_prefix, time.time()  # type: ignore[attr-defined]
+    entries = control.overrides(app)
+    found = find(client, prefix)
+    parked = ParkStore(client, prefix).counts() if runtime.settings.park else {}
+    waiting = _waiting(client, prefix, now)
+    by_name: dict[str, list[FunnelKey]] = {}
+    known = control.families(app)
+    for key in found.funnels:
+        owner = control.owner(app, key, known)
+        if owner is not None:
+            by_name.setdefault(owner, []).append(key)
+    rows = []
+    for name in control.funnel_names(app):
+        override = entries.get(name)
+        limits = control.code_limits(app, name)
+        try:
+            level = _level(app, by_name.get(name, []))
+        except Failure as exc:
+            level = {"error": str(exc)}
+        rows.append({
+            "name": name,
+            "code": [{"rate": str(x.rate), "capacity": x.capacity, "strategy": x.strategy}
+                     for x in limits],
+            "override": None if override is None else override.as_dict(),
+            "level": level,
+            "parked": _of(name, parked),
+            "waiting": _of(name, waiting),
+            "running": hook(app, name),
+        })  # fmt: skip
+    return {"now": now, "funnels": rows}
+
+
+def series(app: Any, since: float | None = None) -> dict[str, Any]:
+    """Admitted and refused decisions per second and funnel, over the last hour (after
+    ``since`` only, when given: the page asks for what is new). Seconds without any
+    decision are absent; the current second is left out (still being counted)."""
+    runtime = runtime_for(app)
+    client, prefix = runtime.funnel.client, runtime.settings.key_prefix  # type: ignore[attr-defined]
+    now = int(time.time())
+    start = now - HOUR if since is None else max(int(since) + 1, now - HOUR)
+    minutes = range(start // 60, now // 60 + 1)
+    pipe = client.pipeline(transaction=False)
+    for minute in minutes:
+        pipe.hgetall(series_key(prefix, minute))
+    counts: dict[str, dict[int, list[int]]] = {}
+    for raw in pipe.execute():
+        for field, value in raw.items():
+            label, second_text, kind = _text(field).rsplit("|", 2)
+            second = int(second_text)
+            if not start <= second < now:
+                continue
+            for name in label.split("+"):
+                slot = counts.setdefault(name, {}).setdefault(second, [0, 0])
+                slot[0 if kind == "a" else 1] += int(value)
+    return {
+        "start": start, "end": now, "keep": SERIES_KEEP_SECONDS,
+        "funnels": {
+            name: [[second, *pair] for second, pair in sorted(by_second.items())]
+            for name, by_second in counts.items()
+        },
+    }  # fmt: skip
