@@ -101,7 +101,7 @@ class Releaser(Loop):
         return pause if fair is None else min(pause, fair)
 
     def _release(self) -> float:
-        following, now, releases = self.store.claim(self.lead, LEASE_SECONDS, BATCH, KEEP_SECONDS)
+        following, now, releases = self.store.claim(self.lead, self.lease, BATCH, KEEP_SECONDS)
         for release in releases:
             if release.task_id in worker_state.revoked:
                 self._drop(release)
