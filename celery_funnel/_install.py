@@ -23,6 +23,7 @@ def install(app: Any) -> Any:
     from the decorator line). Settings are read when first needed, so ``app.conf``
     may be filled in after this call.
     """
+    from ._lease_keeper import connect  # noqa: PLC0415
     from .releaser import ReleaserStep  # noqa: PLC0415 - celery.bootsteps only when installing
     from .worker import FunnelGate  # noqa: PLC0415
 
@@ -31,6 +32,7 @@ def install(app: Any) -> Any:
         app.steps["consumer"].add(FunnelGate)
         app.steps["consumer"].add(ReleaserStep)
         signals.celeryd_init.connect(_on_worker_init, weak=False)
+        connect()  # the receivers that give concurrency slots back
         check_definitions(app)
         runtime.installed = True
     return app

@@ -20,7 +20,9 @@ from ._values import MAX_CAPACITY, check_plain, did_you_mean, format_fields
 from .backends.base import Funnel
 from .strategies.reservation import Shape
 
-__all__ = ["STRATEGIES", "Limit", "Verdict", "check_all", "parse_limit", "safe_part"]
+__all__ = [
+    "STRATEGIES", "Limit", "Verdict", "check_all", "key_part", "parse_limit", "safe_part",
+]  # fmt: skip
 
 STRATEGIES = strategies.names()  # every registered strategy
 SCOPES = strategies.SCOPES
@@ -52,6 +54,23 @@ class Verdict(NamedTuple):
     outage: bool = False  # the funnel's Redis failed: this wait is a back-off
 
 
+def key_part(
+    key: str | KeyFunc | None,
+    run: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+) -> str:
+    """The part of a funnel key that ``key`` (a format string over ``run``'s arguments,
+    or a callable taking them) selects from ``args``/``kwargs`` ("" = one funnel)."""
+    if key is None:
+        return ""
+    if callable(key):
+        return safe_part(check_plain("funnel_key", "key()", key(*args, **kwargs)))
+    bound = inspect.signature(run).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return _SafeFormatter().vformat(key, (), bound.arguments)
+
+
 @dataclass(frozen=True)
 class Limit:
     """One limit: ``rate``, burst ``capacity`` (units that may start back to back from an
@@ -77,13 +96,7 @@ class Limit:
         self, run: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
     ) -> str:
         """The part of the funnel key that ``args``/``kwargs`` select ("" = one funnel)."""
-        if self.key is None:
-            return ""
-        if callable(self.key):
-            return safe_part(check_plain("funnel_key", "key()", self.key(*args, **kwargs)))
-        bound = inspect.signature(run).bind(*args, **kwargs)
-        bound.apply_defaults()
-        return _SafeFormatter().vformat(self.key, (), bound.arguments)
+        return key_part(self.key, run, args, kwargs)
 
     def cost_of(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int:
         """Units one task takes."""

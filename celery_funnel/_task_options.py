@@ -10,6 +10,7 @@ from typing import Any
 
 from celery import Task
 
+from ._concurrency import check_concurrency
 from ._errors import ConfigurationError
 from ._limit import Limit, parse_limit
 from ._settings import check_policy
@@ -25,6 +26,7 @@ OPTIONS = (
     "funnel_limits",
     "funnel_on_backend_error",
     "funnel_dry_run",
+    "funnel_concurrency",
 )
 _FIELDS = ("rate", "capacity", "strategy", "key", "cost")  # funnel_<field> options
 _DEFAULTS = {"capacity": 1, "strategy": "gcra", "key": None, "cost": 1}  # FunnelTask's
@@ -82,10 +84,27 @@ def limits_from(where: str, get: Getter) -> tuple[Limit, ...]:
     if not isinstance(more, (list, tuple)):
         raise ConfigurationError(f"{where}: funnel_limits must be a list of limits, got {more!r}")
     for i, spec in enumerate(more):
+        if isinstance(spec, Mapping) and "concurrency" in spec:
+            raise ConfigurationError(
+                f"{where}: funnel_limits[{i}] has 'concurrency': a task's own concurrency"
+                f" limit is funnel_concurrency=N (per key with funnel_key)"
+            )
         limits.append(parse_limit(spec, where=where, label=f"funnel_limits[{i}]['{{}}']".format))
     if len(limits) > 1 and any(limit.strategy != "gcra" for limit in limits):
         raise ConfigurationError(f"{where}: several limits on one task need the 'gcra' strategy")
     return tuple(limits)
+
+
+def concurrency_of(task: Any) -> int | None:
+    """The task's ``funnel_concurrency`` (None when unset).
+
+    Raises:
+        ConfigurationError: naming the task and the value.
+    """
+    value = option_of(task, "funnel_concurrency")
+    if value is None:
+        return None
+    return check_concurrency(f"task {task_name(task)!r}: funnel_concurrency", value)
 
 
 def limits_of(task: Any) -> tuple[Limit, ...]:
@@ -139,7 +158,8 @@ def check_keys(where: str, get: Getter, params: list[str] | None) -> None:
     """
     if params is None:
         return
-    keys = [("funnel_key", get("funnel_key"))] if get("funnel_rate") is not None else []
+    own = get("funnel_rate") is not None or get("funnel_concurrency") is not None
+    keys = [("funnel_key", get("funnel_key"))] if own else []
     for i, spec in enumerate(get("funnel_limits") or ()):
         if isinstance(spec, Mapping):
             keys.append((f"funnel_limits[{i}]['key']", spec.get("key")))
@@ -162,6 +182,8 @@ def check_options(where: str, get: Getter, params: list[str] | None) -> None:
         ConfigurationError: naming ``where``, the option and the value.
     """
     limits_from(where, get)
+    if get("funnel_concurrency") is not None:
+        check_concurrency(f"{where}: funnel_concurrency", get("funnel_concurrency"))
     check_keys(where, get, params)
     if get("funnel_dry_run") is not None:
         to_bool(f"{where}: funnel_dry_run", get("funnel_dry_run"))
@@ -179,6 +201,8 @@ def check_orphans(where: str, get: Getter) -> None:
     if get("funnel_rate") is not None:
         return
     for field, default in _DEFAULTS.items():
+        if field == "key" and get("funnel_concurrency") is not None:
+            continue  # it splits the concurrency limit
         value = get(f"funnel_{field}")
         if value is not None and value != default:
             raise ConfigurationError(

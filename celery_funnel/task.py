@@ -54,7 +54,9 @@ class FunnelTask(Task):  # type: ignore[misc]
     ``cost``), all of which must admit the task at once (GCRA only), and
     ``funnel_on_backend_error`` (``"defer"``, ``"allow"`` or ``"raise"``; default: the
     app's setting) for when the funnel's Redis fails, and ``funnel_dry_run`` (default:
-    the app's setting) to run every task at once and only report the deferrals.
+    the app's setting) to run every task at once and only report the deferrals, and
+    ``funnel_concurrency`` (at most this many running at once across the workers, per
+    ``funnel_key`` when set; enforced by the worker gate with leases, see the README).
 
     Subclasses that override ``before_start`` must call ``super().before_start``.
 
@@ -71,6 +73,7 @@ class FunnelTask(Task):  # type: ignore[misc]
     funnel_limits: ClassVar[Any] = ()
     funnel_on_backend_error: ClassVar[str | None] = None  # None: the app's setting
     funnel_dry_run: ClassVar[bool | None] = None  # None: the app's setting
+    funnel_concurrency: ClassVar[int | None] = None  # at most this many at once (worker gate)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

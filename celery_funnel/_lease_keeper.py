@@ -1,0 +1,206 @@
+"""The leases of one app in one process: the ones this worker's gate took, renewed by
+one thread in one call per interval, and given back when their runs end.
+
+Where a run's end is seen: ``task_postrun`` in the process that ran the body (a pool
+child under prefork: it reads the lease from the run's header), for success, failure,
+retry, ``Reject``, ``Ignore`` and the soft time limit; ``task_failure`` and
+``task_revoked`` in the worker's main process for a hard time limit, a pool process
+lost, a revoke with terminate, or a revoke before the run started. Each tick of the
+renewer also gives back the leases of requests the worker no longer knows (an ending
+no signal reported), and a warm shutdown gives back whatever is still held. A lease
+given back twice is given back once (task id and token). Slots freed go to the
+oldest parked waiters, which the freeing process publishes at once (``hand_on``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from celery import signals
+from celery.worker import state as worker_state
+
+from ._errors import BackendError
+from ._leases import Lease, LeaseStore, Seat
+from ._park import ParkStore
+from ._runtime import runtime_for
+from ._task_options import HEADER
+from .releaser import publish
+
+__all__ = ["Leases", "connect", "leases_for"]
+
+logger = logging.getLogger("celery_funnel")
+ATTRIBUTE = "_celery_funnel_leases"
+ERROR_PAUSE_SECONDS = 1.0
+
+
+class Leases:
+    """The concurrency slots of ``app`` in this process (``worker``: its node name)."""
+
+    def __init__(self, app: Any, worker: str = "") -> None:
+        runtime = runtime_for(app)
+        settings = runtime.settings
+        client = runtime.funnel.client  # type: ignore[attr-defined]
+        self.app, self.worker, self.pid = app, worker, os.getpid()
+        self.store = LeaseStore(client, settings.key_prefix, settings.lease_ttl)
+        self.parked = ParkStore(client, settings.key_prefix)
+        self.park_lease = settings.park_lease
+        self.interval = settings.lease_ttl / 3
+        self._held: dict[str, Lease] = {}  # task id -> lease, taken by this process
+        self._funnels: dict[str, Seat] = {}  # swept at each renewal
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def track(self, lease: Lease) -> None:
+        """Renew ``lease`` until its run ends."""
+        with self._lock:
+            self._held[lease.task_id] = lease
+        self.know(lease.seats)
+
+    def know(self, seats: Iterable[Seat]) -> None:
+        """Sweep these funnels for leases that ran out, at each renewal."""
+        with self._lock:
+            for seat in seats:
+                self._funnels[seat.key] = seat
+            if self._thread is None and not self._stopped.is_set():
+                self._thread = threading.Thread(target=self._run, name="celery-funnel-leases")
+                self._thread.daemon = True
+                self._thread.start()
+
+    def end(self, task_id: str, lease: Lease | None = None) -> None:
+        """The run of ``task_id`` ended: give its slots back (``lease``: from its
+        header; else the one this process took, if any). Never raises."""
+        with self._lock:
+            held = self._held.pop(task_id, None)
+        lease = lease or held
+        if lease is None:
+            return
+        try:
+            _, promoted = self.store.release(lease.seats, task_id, lease.token)
+            self.hand_on(lease.seats, promoted)
+        except Exception as error:  # the lease then runs out: the slot returns later
+            logger.warning(
+                "celery-funnel: could not give back the slot of task %s: %r", task_id, error
+            )
+
+    def hand_on(self, seats: Sequence[Seat], task_ids: list[str]) -> None:
+        """Publish the parked waiters ``task_ids``, handed a slot of ``seats``; a
+        waiter no longer parked gives its slot to the next one.
+
+        Raises:
+            BackendError: when Redis fails (a claimed waiter is published by a releaser
+                once its claim runs out; a slot handed on runs out after the TTL).
+        """
+        while task_ids:
+            missing, releases = self.store.wake(task_ids, self.park_lease)
+            for release in releases:
+                publish(self.app, release)
+                self.parked.done(release)
+            task_ids = []
+            for task_id in missing:
+                task_ids += self.store.release(seats, task_id, "")[1]
+
+    def tick(self) -> None:
+        """Renew every lease held, give back those of runs the worker forgot, sweep
+        the known funnels, and publish the waiters handed a slot."""
+        with self._lock:
+            held = list(self._held.values())
+            funnels = list(self._funnels.values())
+        for lease in held:
+            if lease.task_id not in worker_state.requests:
+                self.end(lease.task_id)  # an ending no signal reported
+        with self._lock:
+            pairs: dict[str, list[tuple[str, str]]] = {}
+            for lease in self._held.values():
+                for seat in lease.seats:
+                    pairs.setdefault(seat.key, []).append((lease.task_id, lease.token))
+        renewal = self.store.renew(funnels, pairs)
+        with self._lock:
+            for _, task_id in renewal.gone:  # given back by the process that ran it
+                self._held.pop(task_id, None)
+            used = {seat.key for lease in self._held.values() for seat in lease.seats}
+            for key in renewal.empty:
+                if key not in used:
+                    self._funnels.pop(key, None)
+        self.hand_on(funnels, renewal.promoted)
+
+    def _run(self) -> None:
+        pause = self.interval
+        while not self._stopped.wait(pause):
+            try:
+                self.tick()
+                pause = self.interval
+            except Exception as error:  # tried again soon; the leases last the TTL
+                level = logging.INFO if isinstance(error, BackendError) else logging.ERROR
+                logger.log(level, "celery-funnel: renewing leases failed: %r", error)
+                pause = min(ERROR_PAUSE_SECONDS, self.interval)
+
+    def stop(self) -> None:
+        """Stop renewing; give back every lease still held (a warm shutdown ends the
+        running tasks first, so these are runs that will not happen here)."""
+        self._stopped.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(10.0)
+        with self._lock:
+            held = list(self._held)
+        for task_id in held:
+            self.end(task_id)
+
+
+def leases_for(app: Any, worker: str = "") -> Leases:
+    """The app's ``Leases`` in this process (a pool child gets its own)."""
+    leases: Leases | None = app.__dict__.get(ATTRIBUTE)
+    if leases is None or leases.pid != os.getpid():
+        leases = Leases(app, worker)
+        setattr(app, ATTRIBUTE, leases)
+    return leases
+
+
+def _of(task: Any) -> Leases | None:
+    """The task's app's ``Leases``, when the app uses concurrency limits here."""
+    app = getattr(task, "app", None)
+    if app is None or not runtime_for(app).installed or ATTRIBUTE not in app.__dict__:
+        return None
+    return leases_for(app)
+
+
+def _lease_in(task: Any, task_id: str) -> Lease | None:
+    request = getattr(task, "request", None)
+    header = getattr(request, HEADER, None) or (getattr(request, "headers", None) or {}).get(HEADER)
+    return Lease.from_header(task_id, header)
+
+
+def _on_postrun(sender: Any = None, task_id: str = "", **_: Any) -> None:
+    lease = _lease_in(sender, task_id)
+    if lease is not None and runtime_for(sender.app).installed:
+        leases_for(sender.app).end(task_id, lease)
+
+
+def _on_failure(sender: Any = None, task_id: str = "", **_: Any) -> None:
+    leases = _of(sender)
+    if leases is not None:
+        leases.end(task_id)
+
+
+def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
+    leases = _of(sender)
+    task_id = getattr(request, "id", None)
+    if leases is not None and task_id:
+        leases.end(task_id)
+
+
+def connect() -> None:
+    """Connect the receivers that give slots back (once per process)."""
+    signals.task_postrun.connect(
+        _on_postrun, dispatch_uid="celery_funnel.lease_postrun", weak=False
+    )
+    signals.task_failure.connect(
+        _on_failure, dispatch_uid="celery_funnel.lease_failure", weak=False
+    )
+    signals.task_revoked.connect(
+        _on_revoked, dispatch_uid="celery_funnel.lease_revoked", weak=False
+    )
