@@ -60,7 +60,7 @@ def make_app(broker_url: str, funnel_url: str, **conf: Any) -> Celery:
     def both(self: Any, seconds: float) -> None:
         body(self, seconds)
 
-    @limited("leases.ends", funnel_concurrency=1, max_retries=1, soft_time_limit=30)
+    @limited("leases.ends", funnel_concurrency=1, max_retries=1)
     def ends(self: Any, how: str) -> str:
         mark(self, STARTS, how=how)
         if how == "fail":

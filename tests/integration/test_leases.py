@@ -1,0 +1,179 @@
+"""Concurrency limits with leases, on real ``celery worker`` processes (prefork): at most
+N running at once across the workers, per key, with a rate on the same task; every way
+a run ends gives its slot back at once; a worker SIGKILLed while it holds slots loses
+them after the lease's TTL; waiters are released by the run that frees a slot.
+
+"Running" is measured from the tasks' own records (``lease_proj``): each run notes its
+start and its end from inside its body. Figures are printed (``pytest -s``) for the
+README; only behaviour is asserted (counts and peaks), throughput only loosely.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_funnel._keys import task_key
+from celery_funnel._leases import Holder, LeaseStore
+from celery_funnel.testing import CeleryWorkers, RedisServer, peak
+from tests.integration.lease_proj import ENDS, STARTS, make_app
+from tests.integration.test_faults import kill_tree
+from tests.polling import wait_for
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+ROOT = str(Path(__file__).resolve().parents[2])
+PREFIX = "funnel:"
+
+
+def workers(url: str, count: int, processes: int, prefix: str, **env: str) -> CeleryWorkers:
+    base = {"FUNNEL_TEST_BROKER": url, "FUNNEL_TEST_REDIS": url, **env}
+    return CeleryWorkers(
+        "tests.integration.lease_proj", count, base, "-c", str(processes), "-Q", "leases",
+        cwd=ROOT, prefix=prefix,
+    )  # fmt: skip
+
+
+class Cluster:
+    """A Redis (broker, funnels, results, records), an app to send with, workers."""
+
+    def __init__(self, url: str, app: Celery, group: CeleryWorkers) -> None:
+        self.url, self.app, self.workers = url, app, group
+        self.client = redis.Redis.from_url(url)
+        self.store = LeaseStore(self.client, PREFIX, 30.0)
+
+    def records(self, which: str) -> list[dict[str, Any]]:
+        return [json.loads(item) for item in self.client.lrange(which, 0, -1)]
+
+    def holders(self, task: str, part: str = "") -> list[Holder]:
+        return self.store.holders(task_key(PREFIX, task, part))
+
+    def clear(self) -> None:
+        self.client.delete(STARTS, ENDS)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    with RedisServer() as started:
+        yield started
+
+
+def _cluster(server: RedisServer, group: CeleryWorkers) -> Iterator[Cluster]:
+    app = make_app(server.url, server.url)
+    with group:
+        cluster = Cluster(server.url, app, group)
+        yield cluster
+        cluster.client.close()
+    app.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(server: RedisServer) -> Iterator[Cluster]:
+    """Two workers with four pool processes each; leases of 30 s (the default)."""
+    yield from _cluster(server, workers(server.url, 2, 4, "w"))
+
+
+def running_peak(cluster: Cluster, died_at: float | None = None, key: str | None = None) -> int:
+    """The most runs at once, from the runs' own start and end records; a run with no
+    end (its worker was killed) ends at ``died_at``; ``key``: of that key only."""
+    starts = [r for r in cluster.records(STARTS) if key is None or r.get("key") == key]
+    ended = {(r["id"], r["worker"]): r["at"] for r in cluster.records(ENDS)}
+    events = []
+    for run in starts:
+        end = ended.get((run["id"], run["worker"]), died_at)
+        assert end is not None, f"run {run} never ended"
+        events += [(run["at"], 1), (end, -1)]
+    now = best = 0
+    for _, step in sorted(events, key=lambda e: (e[0], e[1])):
+        now += step
+        best = max(best, now)
+    return best
+
+
+def ended_ids(cluster: Cluster) -> set[str]:
+    return {r["id"] for r in cluster.records(ENDS)}
+
+
+def test_three_at_once_over_two_workers_of_four_processes(cluster: Cluster) -> None:
+    """funnel_concurrency=3, 60 tasks of 0.2 s over 8 pool processes."""
+    cluster.clear()
+    sent = [cluster.app.send_task("leases.three", (0.2,)).id for _ in range(60)]
+    wait_for(lambda: ended_ids(cluster) >= set(sent), 60)
+    starts = sorted(r["at"] for r in cluster.records(STARTS))
+    last_end = max(r["at"] for r in cluster.records(ENDS))
+    throughput = len(sent) / (last_end - starts[0])
+    most = running_peak(cluster)
+    print(f"\nconcurrency 3, 2x4 processes, 60 x 0.2 s: peak {most}, {throughput:.2f} tasks/s")
+    assert len(starts) == 60  # each ran once
+    assert most == 3
+    assert throughput > 0.5 * 3 / 0.2  # loosely: the machine is shared (15/s at best)
+    assert cluster.holders("leases.three") == []
+
+
+def test_per_key(cluster: Cluster) -> None:
+    """funnel_concurrency=2 with funnel_key: 2 at once per key, over 5 keys."""
+    cluster.clear()
+    keys = [f"c{i}" for i in range(5)]
+    sent = [
+        cluster.app.send_task("leases.per_key", (keys[n % 5], 0.2)).id for n in range(40)
+    ]  # fmt: skip
+    wait_for(lambda: ended_ids(cluster) >= set(sent), 60)
+    peaks = {key: running_peak(cluster, key=key) for key in keys}
+    print(f"\nconcurrency 2 per key, 5 keys, 40 x 0.2 s: peaks {peaks}, all {running_peak(cluster)}")
+    assert all(most <= 2 for most in peaks.values())
+    assert max(peaks.values()) == 2
+    assert running_peak(cluster) > 2  # the keys do not share their slots
+    assert all(cluster.holders("leases.per_key", key) == [] for key in keys)
+
+
+def test_rate_and_concurrency_both_hold(cluster: Cluster) -> None:
+    """funnel_concurrency=2 and funnel_rate="5/s" on one task: 15 tasks of 0.3 s (the
+    slots alone would start 6.7/s): never more than 2 running, never more than 5
+    starts in a second (6 with the records' jitter at a window's edge)."""
+    cluster.clear()
+    sent = [cluster.app.send_task("leases.both", (0.3,)).id for _ in range(15)]
+    wait_for(lambda: ended_ids(cluster) >= set(sent), 60)
+    starts = [r["at"] for r in cluster.records(STARTS)]
+    most, per_second = running_peak(cluster), peak(starts, 1.0)
+    span = max(starts) - min(starts)
+    print(f"\nconcurrency 2 + 5/s, 15 x 0.3 s: peak {most}, {per_second} starts in 1 s,"
+          f" {(len(starts) - 1) / span:.2f} starts/s")  # fmt: skip
+    assert len(starts) == 15
+    assert most <= 2
+    assert per_second <= 6
+    assert span >= 14 / 5 * 0.9  # 15 starts at 5/s span 2.8 s
+
+
+ENDINGS = ["success", "fail", "retry", "reject", "ignore", "soft", "hard", "terminate"]
+
+
+@pytest.mark.parametrize("how", ENDINGS)
+def test_each_ending_gives_the_slot_back(cluster: Cluster, how: str) -> None:
+    """funnel_concurrency=1, leases of 30 s: however the run ends, its slot is free at
+    once (well inside the TTL, so no lease ran out), and the next task runs."""
+    cluster.clear()
+    options: dict[str, Any] = {"soft": {"soft_time_limit": 0.3}, "hard": {"time_limit": 0.5}}
+    sent = cluster.app.send_task(
+        "leases.ends", ("sleep" if how == "terminate" else how,), **options.get(how, {})
+    )
+    wait_for(lambda: any(r["id"] == sent.id for r in cluster.records(STARTS)), 20)
+    if how == "terminate":
+        wait_for(lambda: cluster.holders("leases.ends") != [], 5)
+        cluster.app.control.revoke(sent.id, terminate=True)
+    if how == "retry":  # the retry takes the slot again, then succeeds
+        wait_for(lambda: sent.id in ended_ids(cluster), 20)
+    if how != "ignore":  # Ignore stores no state
+        wait_for(lambda: sent.state not in ("PENDING", "STARTED"), 20)
+    ended = time.monotonic()
+    wait_for(lambda: cluster.holders("leases.ends") == [], 10)
+    freed = time.monotonic() - ended
+    following = cluster.app.send_task("leases.ends", ("success",))
+    assert following.get(timeout=20) == "success"
+    print(f"\nending {how}: {sent.state}, slot free {freed * 1000:.0f} ms after")
+    assert freed < 10  # the lease lasts 30 s: it was given back, not run out
