@@ -125,7 +125,9 @@ def test_per_key(cluster: Cluster) -> None:
     ]  # fmt: skip
     wait_for(lambda: ended_ids(cluster) >= set(sent), 60)
     peaks = {key: running_peak(cluster, key=key) for key in keys}
-    print(f"\nconcurrency 2 per key, 5 keys, 40 x 0.2 s: peaks {peaks}, all {running_peak(cluster)}")
+    print(
+        f"\nconcurrency 2 per key, 5 keys, 40 x 0.2 s: peaks {peaks}, all {running_peak(cluster)}"
+    )
     assert all(most <= 2 for most in peaks.values())
     assert max(peaks.values()) == 2
     assert running_peak(cluster) > 2  # the keys do not share their slots
@@ -177,3 +179,55 @@ def test_each_ending_gives_the_slot_back(cluster: Cluster, how: str) -> None:
     assert following.get(timeout=20) == "success"
     print(f"\nending {how}: {sent.state}, slot free {freed * 1000:.0f} ms after")
     assert freed < 10  # the lease lasts 30 s: it was given back, not run out
+
+
+TTL = 2.0  # the lease of the SIGKILL test: renewed every TTL / 3
+
+
+@pytest.fixture(scope="module")
+def short_leases(server: RedisServer) -> Iterator[Cluster]:
+    """Two workers of two pool processes, leases of 2 s, acks_late with a 4 s
+    visibility timeout (the runs a SIGKILL ends come back)."""
+    group = workers(
+        server.url, 2, 2, "k", FUNNEL_TEST_LEASE_TTL=str(TTL), FUNNEL_TEST_VISIBILITY="4"
+    )
+    yield from _cluster(server, group)
+
+
+def test_sigkill_of_a_worker_holding_slots(short_leases: Cluster) -> None:
+    """funnel_concurrency=3, 12 tasks of 1 s; the first worker is SIGKILLed (with its
+    pool) while it holds slots: they return within the TTL plus one renewal interval,
+    every task completes, and never more than 3 run at once."""
+    cluster = short_leases
+    cluster.clear()
+    sent = [cluster.app.send_task("leases.three", (1.0,)).id for _ in range(12)]
+
+    def dying() -> list[Holder]:
+        return [h for h in cluster.holders("leases.three") if h.worker.startswith("k1@")]
+
+    wait_for(lambda: any(h.token for h in dying()), 20)
+    kill_tree(cluster.workers.processes[0].pid)
+    killed = time.time()
+    wait_for(lambda: not dying(), 20)
+    returned = time.time() - killed
+    wait_for(lambda: ended_ids(cluster) >= set(sent), 60)
+    most = running_peak(cluster, died_at=killed)
+    print(f"\nSIGKILL with leases of {TTL} s: slots back after {returned:.2f} s, peak {most}")
+    assert returned <= TTL + TTL / 3 + 0.5  # the TTL, one renewal, the sweep's call
+    assert most <= 3
+
+
+def test_warm_shutdown_gives_the_slots_back(short_leases: Cluster) -> None:
+    """The worker left is stopped (SIGTERM, warm) while it runs a task: the run ends
+    and its slot is given back; nothing is held after."""
+    cluster = short_leases
+    cluster.clear()
+    sent = cluster.app.send_task("leases.three", (1.0,))
+    wait_for(
+        lambda: any(h.task_id == sent.id and h.token for h in cluster.holders("leases.three")), 20
+    )
+    survivor = cluster.workers.processes[1]
+    survivor.terminate()
+    survivor.wait(30)
+    assert sent.id in ended_ids(cluster)
+    assert cluster.holders("leases.three") == []
