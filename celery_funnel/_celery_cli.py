@@ -14,6 +14,7 @@ from typing import Any
 import click
 from celery.bin.base import CeleryCommand, handle_preload_options
 
+from ._cli_leases import lease_rows, release_lease, show_holders
 from ._cli_parked import parked, parked_summary, purge, release
 from ._cli_view import Failure, Found, at, describe, find, limit_of
 from ._keys import FunnelKey, parse_key
@@ -49,11 +50,13 @@ def _echo_rows(ctx: click.Context, rows: list[dict[str, Any]], as_json: bool) ->
         return
     columns = [
         "key", "kind", "rate", "capacity", "remaining", "reset_after", "reservations", "parked",
+        "in_use",
     ]  # fmt: skip
     widths = {c: max([len(c), *(len(str(r.get(c, ""))) for r in rows)]) for c in columns}
     ctx.obj.echo("  ".join(c.ljust(widths[c]) for c in columns))
     for row in rows:
         ctx.obj.echo("  ".join(str(row.get(c, "")).ljust(widths[c]) for c in columns))
+        show_holders(ctx, row)
         if "error" in row:
             ctx.obj.echo(f"  error: {row['error']}")
 
@@ -77,6 +80,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
     counts = store.counts() if found.parked else {}
     for row in rows:
         row["parked"] = counts.get(row["name"], 0)
+    rows += lease_rows(runtime, backend.client, found)
     _echo_rows(ctx, rows, as_json)
     if found.parked and not as_json:
         summary = parked_summary(store)
@@ -89,16 +93,20 @@ def status(ctx: click.Context, as_json: bool) -> None:
 
 
 def _resolve(runtime: Runtime, backend: RedisFunnel, name: str) -> Found:
+    return resolve(runtime, backend.client, name)
+
+
+def resolve(runtime: Runtime, client: Any, name: str) -> Found:
     """The keys of funnel ``name``: a full key of the layout (the funnel and its
     companions), or a funnel name (it and its key parts, ``name:<part>``)."""
     prefix = runtime.settings.key_prefix
     parsed = parse_key(prefix, name)
     if parsed is None:
-        return find(backend.client, prefix, name)
+        return find(client, prefix, name)
     found = Found()
     funnel_key = parse_key(prefix, parsed.funnel)
     assert funnel_key is not None
-    companions = find(backend.client, prefix, funnel_key.name).keys
+    companions = find(client, prefix, funnel_key.name).keys
     found.keys = [k for k in companions if k.funnel == funnel_key.key]
     return found
 
@@ -204,5 +212,5 @@ def check_command(ctx: click.Context) -> None:
     ctx.obj.echo("ok: celery-funnel can keep its funnels in this Redis")
 
 
-for _command in (parked, release, purge):
+for _command in (parked, release, purge, release_lease):
     funnel.add_command(_command)

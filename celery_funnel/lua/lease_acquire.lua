@@ -25,7 +25,7 @@ for i = 1, funnels do
   end
 end
 if taken then
-  local value = ARGV[2] .. '|' .. now
+  local value = ARGV[2] .. '|' .. string.format('%.0f', now)
   for i = 1, funnels do
     redis.call('ZADD', KEYS[3 * i - 2], now + ttl, id)
     redis.call('HSET', KEYS[3 * i - 1], id, value)

@@ -11,6 +11,8 @@ README; only behaviour is asserted (counts and peaks), throughput only loosely.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +26,7 @@ from celery_funnel._keys import task_key
 from celery_funnel._leases import Holder, LeaseStore
 from celery_funnel.testing import CeleryWorkers, RedisServer, peak
 from tests.integration.lease_proj import ENDS, STARTS, make_app
+from tests.integration.proj import close_app
 from tests.integration.test_faults import kill_tree
 from tests.polling import wait_for
 
@@ -70,7 +73,7 @@ def _cluster(server: RedisServer, group: CeleryWorkers) -> Iterator[Cluster]:
         cluster = Cluster(server.url, app, group)
         yield cluster
         cluster.client.close()
-    app.close()
+    close_app(app)
 
 
 @pytest.fixture(scope="module")
@@ -179,6 +182,45 @@ def test_each_ending_gives_the_slot_back(cluster: Cluster, how: str) -> None:
     assert following.get(timeout=20) == "success"
     print(f"\nending {how}: {sent.state}, slot free {freed * 1000:.0f} ms after")
     assert freed < 10  # the lease lasts 30 s: it was given back, not run out
+
+
+def celery_funnel(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {"FUNNEL_TEST_BROKER": url, "FUNNEL_TEST_REDIS": url, "PATH": "/usr/bin:/bin"}
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.integration.lease_proj", "funnel", *args],
+        capture_output=True, text=True, timeout=60, cwd=ROOT, env=env, check=False,
+    )  # fmt: skip
+
+
+def test_status_and_release_lease(cluster: Cluster) -> None:
+    """``celery funnel status`` shows N, in use, the holders and the parked waiters;
+    ``release-lease`` (confirmed) frees a slot, and the waiter runs at once."""
+    cluster.clear()
+    holder = cluster.app.send_task("leases.ends", ("sleep",))
+    wait_for(lambda: any(h.token for h in cluster.holders("leases.ends")), 20)
+    waiter = cluster.app.send_task("leases.ends", ("success",))
+    waiting = cluster.store.waiting
+    wait_for(lambda: waiting(task_key(PREFIX, "leases.ends")) == 1, 20)
+
+    done = celery_funnel(cluster.url, "status", "--json")
+    assert done.returncode == 0, done.stderr
+    (row,) = [r for r in json.loads(done.stdout) if r["name"] == "leases.ends"]
+    assert (row["kind"], row["capacity"], row["in_use"], row["parked"]) == ("concurrency", 1, 1, 1)
+    (slot,) = row["holders"]
+    assert slot["task_id"] == holder.id
+    assert slot["worker"].startswith("w")
+    assert 0 <= slot["age"] < 10
+    assert "(in " in slot["lease_expiry"]
+
+    refused = celery_funnel(cluster.url, "release-lease", "leases.ends", holder.id)
+    assert refused.returncode != 0  # no --yes, no terminal: no
+    assert waiter.state == "PENDING"
+    freed = celery_funnel(cluster.url, "release-lease", "leases.ends", holder.id, "--yes")
+    assert freed.returncode == 0, freed.stderr
+    assert "1 parked task(s) released" in freed.stdout
+    assert waiter.get(timeout=20) == "success"  # while the holder still sleeps
+    cluster.app.control.revoke(holder.id, terminate=True)
+    wait_for(lambda: cluster.holders("leases.ends") == [], 10)
 
 
 TTL = 2.0  # the lease of the SIGKILL test: renewed every TTL / 3
