@@ -23,8 +23,10 @@ from ._task_options import concurrency_of, option_of
 
 __all__ = ["WAIT_SECONDS", "Seats"]
 
-# a waiter is parked "for ever" (about 100 years): only a slot handed to it releases it
-WAIT_SECONDS = 100 * 365 * 86400.0
+# A waiter is released when a slot is handed to it; failing that (a Redis failure
+# between parking it and queueing it, its queue deleted by ``reset``), after an hour,
+# to be checked again, keeping its place in the queue.
+WAIT_SECONDS = 3600.0
 
 
 class Seats:

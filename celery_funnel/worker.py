@@ -46,13 +46,14 @@ from ._gate import (
 )
 from ._held import Held, give_back_booking
 from ._keys import safe_part
-from ._leases import Lease, Seat
+from ._leases import Lease
 from ._limit import Limit
 from ._outage import BACKOFF_FIRST_SECONDS
 from ._parking import Parking
 from ._republish import republish
 from ._runtime import Runtime, runtime_for
-from ._seats import WAIT_SECONDS, Seats
+from ._seats import Seats
+from ._slot_gate import SlotWaits
 from ._task_options import concurrency_of, dry_run_of, policy_of
 from .task import FunnelTask, limits_of
 
@@ -64,7 +65,7 @@ logger = logging.getLogger("celery_funnel")
 EXPIRY_MARGIN_SECONDS = 0.01
 
 
-class WorkerGate:
+class WorkerGate(SlotWaits):
     """Wraps ``on_task_request``: passes a request on once every funnel that applies to
     it admits it; holds, re-publishes or fails it otherwise."""
 
@@ -121,9 +122,9 @@ class WorkerGate:
         try:
             seats = self.seats.of(request.type, request.name, request.args, request.kwargs)
             if seats:  # the slots first: they can be given back, a rate's cannot
-                lease = self.seats.take(request, seats)
+                lease, waits = self._take_slots(request, charges, state, seats)
                 if lease is None:
-                    return self._wait_for_slot(request, charges, state, seats)
+                    return waits
             step = judge(self.runtime, self._subject(request), charges, state) if charges else RUN
         except Exception as error:  # one task fails, the worker runs on
             if lease is not None:
@@ -141,22 +142,6 @@ class WorkerGate:
         if step.error is not None:
             return self._fail(request, step.error, reported=True)
         return self._wait(request, charges, step)
-
-    def _wait_for_slot(
-        self, request: Any, charges: Sequence[Charge], state: State, seats: Sequence[Seat]
-    ) -> None:
-        """No slot: park the task with no release time and queue it; the run that frees
-        a slot hands it over and publishes it (``_leases``)."""
-        label = "+".join(seat.label for seat in seats)
-        step = Step(
-            run=False, delay=WAIT_SECONDS, state=state._replace(deferrals=state.deferrals + 1)
-        )
-        report_wait(
-            self.runtime, self._subject(request), label, step._replace(delay=0.0),
-            requeued=True, send_event=self._send_event(request),
-        )  # fmt: skip
-        if self._park(request, charges, step, label):
-            self.seats.queue(request, seats)
 
     def _wait(self, request: Any, charges: Sequence[Charge], step: Step) -> None:
         policy = self.runtime.countdowns
