@@ -55,3 +55,10 @@ local function owns(held, token)
   return token ~= '' and string.sub(held, 1, #token + 1) == token .. '|'
 end
 
+-- the items of list `items` appended to `reply`; returns it
+local function extend(reply, items)
+  for _, item in ipairs(items) do
+    reply[#reply + 1] = item
+  end
+  return reply
+end

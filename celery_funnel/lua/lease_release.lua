@@ -25,8 +25,4 @@ for i = 1, #KEYS / 3 do
   expire(holders, info, now)
   promote(holders, info, waiters, tonumber(ARGV[3 + i]), now, ttl)
 end
-local reply = {released}
-for _, waiter in ipairs(promoted) do
-  reply[#reply + 1] = waiter
-end
-return reply
+return extend({released}, promoted)

@@ -34,15 +34,6 @@ for i = 1, #KEYS / 3 do
     empty[#empty + 1] = i
   end
 end
-local reply = {#gone}
-for _, item in ipairs(gone) do
-  reply[#reply + 1] = item
-end
+local reply = extend({#gone}, gone)
 reply[#reply + 1] = #empty
-for _, i in ipairs(empty) do
-  reply[#reply + 1] = i
-end
-for _, waiter in ipairs(promoted) do
-  reply[#reply + 1] = waiter
-end
-return reply
+return extend(extend(reply, empty), promoted)

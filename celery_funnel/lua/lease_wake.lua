@@ -18,19 +18,12 @@ for i = 3, #ARGV do
   if not message then
     missing[#missing + 1] = id
   elseif redis.call('HGET', claims, id) == '' then
-    redis.call('HSET', accepted, id, ARGV[2])
-    redis.call('ZADD', accepted_at, now, id)
-    redis.call('ZREM', due, id)
-    redis.call('ZADD', leases, now + tonumber(ARGV[1]), id)
-    redis.call('HSET', claims, id, ARGV[2])
+    claim_entry(id, ARGV[2], now, now + tonumber(ARGV[1]))
     claimed[#claimed + 1] = id
     claimed[#claimed + 1] = message
   end
 end
-local reply = {#missing}
-for _, id in ipairs(missing) do
-  reply[#reply + 1] = id
-end
+local reply = {#missing, unpack(missing)}
 for _, item in ipairs(claimed) do
   reply[#reply + 1] = item
 end
