@@ -24,6 +24,7 @@ from celery import signals
 from celery.worker import state as worker_state
 
 from ._errors import BackendError
+from ._keys import hash_tag
 from ._leases import Lease, LeaseStore, Seat
 from ._park import ParkStore
 from ._runtime import runtime_for
@@ -106,7 +107,8 @@ class Leases:
 
     def tick(self) -> None:
         """Renew every lease held, give back those of runs the worker forgot, sweep
-        the known funnels, and publish the waiters handed a slot."""
+        the known funnels, and publish the waiters handed a slot: one call (one per
+        hash tag on a Redis Cluster)."""
         with self._lock:
             held = list(self._held.values())
             funnels = list(self._funnels.values())
@@ -118,15 +120,26 @@ class Leases:
             for lease in self._held.values():
                 for seat in lease.seats:
                     pairs.setdefault(seat.key, []).append((lease.task_id, lease.token))
-        renewal = self.store.renew(funnels, pairs)
-        with self._lock:
-            for _, task_id in renewal.gone:  # given back by the process that ran it
-                self._held.pop(task_id, None)
-            used = {seat.key for lease in self._held.values() for seat in lease.seats}
-            for key in renewal.empty:
-                if key not in used:
-                    self._funnels.pop(key, None)
-        self.hand_on(funnels, renewal.promoted)
+        for group in self._slots(funnels):
+            renewal = self.store.renew(group, pairs)
+            with self._lock:
+                for _, task_id in renewal.gone:  # given back by the process that ran it
+                    self._held.pop(task_id, None)
+                used = {seat.key for lease in self._held.values() for seat in lease.seats}
+                for key in renewal.empty:
+                    if key not in used:
+                        self._funnels.pop(key, None)
+            self.hand_on(group, renewal.promoted)
+
+    def _slots(self, funnels: list[Seat]) -> list[list[Seat]]:
+        """The funnels in groups one script may touch: all at once on one Redis, one
+        group per hash tag on a Redis Cluster."""
+        if "Cluster" not in type(self.store.client).__name__:
+            return [funnels] if funnels else []
+        groups: dict[str | None, list[Seat]] = {}
+        for seat in funnels:
+            groups.setdefault(hash_tag(seat.key), []).append(seat)
+        return list(groups.values())
 
     def _run(self) -> None:
         pause = self.interval
