@@ -212,6 +212,10 @@ def test_status_and_release_lease(cluster: Cluster) -> None:
     assert 0 <= slot["age"] < 10
     assert "(in " in slot["lease_expiry"]
 
+    table = celery_funnel(cluster.url, "status").stdout
+    print(f"\n{table}")
+    assert f"slot: task {holder.id} on w" in table
+
     refused = celery_funnel(cluster.url, "release-lease", "leases.ends", holder.id)
     assert refused.returncode != 0  # no --yes, no terminal: no
     assert waiter.state == "PENDING"
