@@ -103,7 +103,7 @@ def release_lease(ctx: click.Context, name: str, task_id: str, yes: bool) -> Non
         if not yes:
             click.confirm(f"free the slot of task {task_id}?", abort=True)
         count, promoted = leases.store.release(seats, task_id, "*")
-        leases.hand_on(seats, promoted)
+        leases.hand_on(promoted)
     except Failure as exc:
         raise click.ClickException(str(exc)) from None
     ctx.obj.echo(f"freed {count} slot(s); {len(promoted)} parked task(s) released")

@@ -25,8 +25,8 @@ from celery.worker import state as worker_state
 
 from ._errors import BackendError
 from ._keys import hash_tag
-from ._leases import Lease, LeaseStore, Seat
-from ._park import ParkStore
+from ._leases import Handed, Lease, LeaseStore, Seat, header_of
+from ._park import ParkStore, Release
 from ._runtime import runtime_for
 from ._task_options import HEADER
 from .releaser import publish
@@ -81,29 +81,32 @@ class Leases:
         if lease is None:
             return
         try:
-            _, promoted = self.store.release(lease.seats, task_id, lease.token)
-            self.hand_on(lease.seats, promoted)
+            self.hand_on(self.store.release(lease.seats, task_id, lease.token)[1])
         except Exception as error:  # the lease then runs out: the slot returns later
             logger.warning(
                 "celery-funnel: could not give back the slot of task %s: %r", task_id, error
             )
 
-    def hand_on(self, seats: Sequence[Seat], task_ids: list[str]) -> None:
-        """Publish the parked waiters ``task_ids``, handed a slot of ``seats``; a
-        waiter no longer parked gives its slot to the next one.
+    def hand_on(self, handed: list[Handed]) -> None:
+        """Publish the parked waiters ``handed`` a slot, each saying where (a waiter
+        received by a worker that counts other funnels, ``"scope": "worker"``, gives
+        those slots up); a waiter no longer parked gives its slot to the next one.
 
         Raises:
             BackendError: when Redis fails (a claimed waiter is published by a releaser
                 once its claim runs out; a slot handed on runs out after the TTL).
         """
-        while task_ids:
-            missing, releases = self.store.wake(task_ids, self.park_lease)
+        while handed:
+            where: dict[str, list[Seat]] = {}
+            for seat, task_id in handed:
+                where.setdefault(task_id, []).append(seat)
+            missing, releases = self.store.wake(list(where), self.park_lease)
             for release in releases:
-                publish(self.app, release)
+                publish(self.app, _promised(release, where[release.task_id]))
                 self.parked.done(release)
-            task_ids = []
+            handed = []
             for task_id in missing:
-                task_ids += self.store.release(seats, task_id, "")[1]
+                handed += self.store.release(where[task_id], task_id, "")[1]
 
     def tick(self) -> None:
         """Renew every lease held, give back those of runs the worker forgot, sweep
@@ -129,7 +132,7 @@ class Leases:
                 for key in renewal.empty:
                     if key not in used:
                         self._funnels.pop(key, None)
-            self.hand_on(group, renewal.promoted)
+            self.hand_on(renewal.promoted)
 
     def _slots(self, funnels: list[Seat]) -> list[list[Seat]]:
         """The funnels in groups one script may touch: all at once on one Redis, one
@@ -162,6 +165,13 @@ class Leases:
             held = list(self._held)
         for task_id in held:
             self.end(task_id)
+
+
+def _promised(release: Release, seats: Sequence[Seat]) -> Release:
+    """``release`` with the funnels whose slot it was handed in its header."""
+    headers = dict(release.message["headers"])
+    headers[HEADER] = {**(headers.get(HEADER) or {}), "promised": header_of(seats)}
+    return Release(release.task_id, release.token, {**release.message, "headers": headers})
 
 
 def leases_for(app: Any, worker: str = "") -> Leases:

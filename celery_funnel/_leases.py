@@ -26,7 +26,7 @@ from ._errors import BackendError
 from ._keys import lease_keys, parked_keys
 from ._park import Release, decode_message
 
-__all__ = ["Holder", "Lease", "LeaseStore", "Renewal", "Seat"]
+__all__ = ["Handed", "Holder", "Lease", "LeaseStore", "Renewal", "Seat", "seats_of"]
 
 logger = logging.getLogger("celery_funnel")
 US = 1_000_000
@@ -42,6 +42,19 @@ class Seat:
     label: str
 
 
+Handed = tuple[Seat, str]  # a waiter (task id) handed a slot of a funnel
+
+
+def seats_of(raw: Any) -> tuple[Seat, ...]:
+    """Seats as a header carries them (``[[n, key, label], ...]``)."""
+    return tuple(Seat(int(n), str(key), str(label)) for n, key, label in raw or ())
+
+
+def header_of(seats: Sequence[Seat]) -> list[list[Any]]:
+    """``seats`` as a header carries them."""
+    return [[seat.n, seat.key, seat.label] for seat in seats]
+
+
 @dataclass(frozen=True)
 class Lease:
     """The slots one run of task ``task_id`` holds under ``token``."""
@@ -53,8 +66,7 @@ class Lease:
     def header(self) -> dict[str, Any]:
         """What the run carries in its ``celery_funnel`` header, to give its slots back
         from the process that runs it."""
-        seats = [[seat.n, seat.key, seat.label] for seat in self.seats]
-        return {"lease": {"token": self.token, "seats": seats}}
+        return {"lease": {"token": self.token, "seats": header_of(self.seats)}}
 
     @classmethod
     def from_header(cls, task_id: str, header: Any) -> Lease | None:
@@ -62,8 +74,7 @@ class Lease:
         raw = header.get("lease") if isinstance(header, dict) else None
         if not isinstance(raw, dict) or not raw.get("token"):
             return None
-        seats = tuple(Seat(int(n), str(key), str(label)) for n, key, label in raw["seats"])
-        return cls(task_id, str(raw["token"]), seats)
+        return cls(task_id, str(raw["token"]), seats_of(raw["seats"]))
 
 
 @dataclass(frozen=True)
@@ -86,7 +97,13 @@ class Renewal:
 
     gone: list[tuple[str, str]]
     empty: list[str]
-    promoted: list[str]
+    promoted: list[Handed]
+
+
+def _handed(seats: Sequence[Seat], items: Iterable[Any]) -> list[Handed]:
+    """The waiters a script handed slots, from its "<funnel index>:<task id>" items."""
+    pairs = (_text(item).split(":", 1) for item in items)
+    return [(seats[int(index) - 1], task_id) for index, task_id in pairs]
 
 
 def _keys_and_counts(seats: Sequence[Seat]) -> tuple[list[str], list[int]]:
@@ -115,27 +132,27 @@ class LeaseStore:
 
     def acquire(
         self, seats: Sequence[Seat], task_id: str, worker: str
-    ) -> tuple[Lease | None, list[str]]:
+    ) -> tuple[Lease | None, list[Handed]]:
         """Take a slot in every one of ``seats`` for ``task_id``, all or none: the lease
         (None: refused, nothing taken) and the waiters this call handed a slot."""
         token = uuid.uuid4().hex
         keys, counts = _keys_and_counts(seats)
         reply = self._run(self._acquire, keys, task_id, f"{token}|{worker}", self.ttl_us, *counts)
         lease = Lease(task_id, token, tuple(seats)) if int(reply[0]) else None
-        return lease, [_text(i) for i in reply[2:]]
+        return lease, _handed(seats, reply[2:])
 
-    def enqueue(self, seats: Sequence[Seat], task_id: str) -> list[str]:
+    def enqueue(self, seats: Sequence[Seat], task_id: str) -> list[Handed]:
         """Queue parked ``task_id`` for a slot in ``seats``; the waiters handed one."""
         keys, counts = _keys_and_counts(seats)
-        return [_text(i) for i in self._run(self._enqueue, keys, task_id, self.ttl_us, *counts)]
+        return _handed(seats, self._run(self._enqueue, keys, task_id, self.ttl_us, *counts))
 
-    def release(self, seats: Sequence[Seat], task_id: str, token: str) -> tuple[int, list[str]]:
+    def release(self, seats: Sequence[Seat], task_id: str, token: str) -> tuple[int, list[Handed]]:
         """Give back the slots ``task_id`` holds under ``token`` ("": a slot handed to
         it while parked, and its place in the queue; "*": whatever holds them). How
         many were given back, and the waiters handed them."""
         keys, counts = _keys_and_counts(seats)
         reply = self._run(self._release, keys, task_id, token, self.ttl_us, *counts)
-        return int(reply[0]), [_text(i) for i in reply[1:]]
+        return int(reply[0]), _handed(seats, reply[1:])
 
     def renew(self, funnels: Sequence[Seat], held: dict[str, list[tuple[str, str]]]) -> Renewal:
         """Renew the leases ``held`` (funnel key -> [(task id, token)]) in one call, and
@@ -153,7 +170,7 @@ class LeaseStore:
         at = 1 + count
         empties = int(reply[at])
         empty = [funnels[int(i) - 1].key for i in reply[at + 1 : at + 1 + empties]]
-        return Renewal(gone, empty, reply[at + 1 + empties :])
+        return Renewal(gone, empty, _handed(funnels, reply[at + 1 + empties :]))
 
     def wake(self, task_ids: Iterable[str], lease: float) -> tuple[list[str], list[Release]]:
         """Claim the parked waiters ``task_ids`` for release now (``lease`` seconds to

@@ -16,10 +16,10 @@ from typing import Any
 from ._concurrency import Concurrency
 from ._errors import ConfigurationError
 from ._lease_keeper import Leases, leases_for
-from ._leases import Lease, Seat
+from ._leases import Lease, Seat, seats_of
 from ._limit import key_part
 from ._runtime import Runtime
-from ._task_options import concurrency_of, option_of
+from ._task_options import HEADER, concurrency_of, option_of
 
 __all__ = ["WAIT_SECONDS", "Seats"]
 
@@ -93,9 +93,13 @@ class Seats:
             BackendError: when Redis fails.
         """
         leases = self.leases
+        promised = (request.request_dict.get(HEADER) or {}).get("promised")
+        elsewhere = [s for s in seats_of(promised) if s not in seats]
+        if elsewhere:  # handed a slot another worker counts: give it up there
+            leases.hand_on(leases.store.release(elsewhere, request.id, "")[1])
         lease, promoted = leases.store.acquire(seats, request.id, self.node)
         leases.know(seats)
-        leases.hand_on(seats, promoted)
+        leases.hand_on(promoted)
         return lease
 
     def queue(self, request: Any, seats: Sequence[Seat]) -> None:
@@ -105,7 +109,7 @@ class Seats:
             BackendError: when Redis fails.
         """
         leases = self.leases
-        leases.hand_on(seats, leases.store.enqueue(seats, request.id))
+        leases.hand_on(leases.store.enqueue(seats, request.id))
 
     def started(self, lease: Lease) -> None:
         """The run holding ``lease`` goes to the pool: renew it until it ends."""
@@ -128,6 +132,6 @@ class Seats:
             seats = self.of(request.type, request.name, request.args, request.kwargs)
             if seats:
                 leases = self.leases
-                leases.hand_on(seats, leases.store.release(seats, request.id, "")[1])
+                leases.hand_on(leases.store.release(seats, request.id, "")[1])
         except Exception:  # the handed slot runs out after the TTL
             return

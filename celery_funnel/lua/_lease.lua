@@ -11,7 +11,7 @@ local function server_now()
   return clock[1] * 1000000 + clock[2]
 end
 
-local promoted = {}
+local promoted = {}  -- {funnel index, task id} of each waiter handed a slot
 
 -- leases that ran out (their worker died or lost Redis) free their slots; at most
 -- 100 per call: bounded work
@@ -23,10 +23,10 @@ local function expire(holders, info, now)
   end
 end
 
--- free slots go to the oldest waiters, in arrival order: each gets its slot (held for
--- ttl until it arrives) and is returned, to be published at once. Waiters holding a
--- slot already number at most n, so 2n entries are the most this reads.
-local function promote(holders, info, waiters, n, now, ttl)
+-- free slots of funnel number `at` go to its oldest waiters, in arrival order: each
+-- gets its slot (held for ttl until it arrives) and is returned, to be published at
+-- once. Waiters holding a slot already number at most n: 2n entries are read at most.
+local function promote(at, holders, info, waiters, n, now, ttl)
   local free = n - redis.call('ZCARD', holders)
   if free <= 0 then
     return
@@ -38,7 +38,7 @@ local function promote(holders, info, waiters, n, now, ttl)
     if not redis.call('ZSCORE', holders, id) then
       redis.call('ZADD', holders, now + ttl, id)
       redis.call('HSET', info, id, '')
-      promoted[#promoted + 1] = id
+      promoted[#promoted + 1] = {at, id}
       free = free - 1
     end
   end
@@ -59,6 +59,17 @@ end
 local function extend(reply, items)
   for _, item in ipairs(items) do
     reply[#reply + 1] = item
+  end
+  return reply
+end
+
+-- "<funnel index>:<task id>" of each waiter handed a slot (but task `skip`) appended
+-- to `reply`; returns it
+local function extend_promoted(reply, skip)
+  for _, pair in ipairs(promoted) do
+    if pair[2] ~= skip then
+      reply[#reply + 1] = pair[1] .. ':' .. pair[2]
+    end
   end
   return reply
 end

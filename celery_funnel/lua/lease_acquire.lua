@@ -6,7 +6,7 @@
 -- ARGV[3]    lease ttl, µs
 -- ARGV[4..]  per funnel: its concurrency n
 -- Reply      {1 when every slot is taken (0: none taken, the task must wait), now µs,
---             ids of waiters handed a slot by this call...}
+--             "<funnel index>:<task id>" of each waiter handed a slot by this call...}
 -- A slot handed to this task while it was parked counts as its own; a slot held by
 -- another run of the same task id (a duplicate delivery) does not.
 
@@ -18,7 +18,7 @@ for i = 1, funnels do
   local holders, info, waiters = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local n = tonumber(ARGV[3 + i])
   expire(holders, info, now)
-  promote(holders, info, waiters, n, now, ttl)  -- waiters first, then newcomers
+  promote(i, holders, info, waiters, n, now, ttl)  -- waiters first, then newcomers
   local held = redis.call('HGET', info, id)
   if held ~= '' and (held or redis.call('ZCARD', holders) >= n) then
     taken = false
@@ -38,14 +38,8 @@ else
     if redis.call('HGET', info, id) == '' then
       redis.call('ZREM', holders, id)
       redis.call('HDEL', info, id)
-      promote(holders, info, waiters, tonumber(ARGV[3 + i]), now, ttl)
+      promote(i, holders, info, waiters, tonumber(ARGV[3 + i]), now, ttl)
     end
   end
 end
-local reply = {taken and 1 or 0, now}
-for _, waiter in ipairs(promoted) do
-  if waiter ~= id then
-    reply[#reply + 1] = waiter
-  end
-end
-return reply
+return extend_promoted({taken and 1 or 0, now}, id)

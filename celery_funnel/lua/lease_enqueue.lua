@@ -4,8 +4,8 @@
 -- ARGV[1]    task id
 -- ARGV[2]    lease ttl, µs (a slot handed to a waiter is kept that long for it)
 -- ARGV[3..]  per funnel: its concurrency n
--- Reply      {ids of waiters handed a slot by this call (this task's own included,
---             when a slot freed since it was refused)...}
+-- Reply      {"<funnel index>:<task id>" of each waiter handed a slot by this call
+--             (this task's own included, when a slot freed since it was refused)...}
 -- A task queued again keeps its first arrival: arrival order survives re-parking.
 
 local now = server_now()
@@ -18,6 +18,6 @@ for i = 1, #KEYS / 3 do
   if held ~= '' then  -- not already handed a slot here
     redis.call('ZADD', waiters, 'NX', now, ARGV[1])
   end
-  promote(holders, info, waiters, n, now, ttl)
+  promote(i, holders, info, waiters, n, now, ttl)
 end
-return promoted
+return extend_promoted({}, nil)

@@ -7,7 +7,7 @@
 --            the queue (it will not come); "*" frees the task's slot whatever its token
 -- ARGV[3]    lease ttl, µs (for the slots handed on)
 -- ARGV[4..]  per funnel: its concurrency n
--- Reply      {slots given back, ids of waiters handed a slot...}
+-- Reply      {slots given back, "<funnel index>:<task id>" of each waiter handed a slot...}
 
 local now = server_now()
 local id, token, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
@@ -23,6 +23,6 @@ for i = 1, #KEYS / 3 do
     redis.call('ZREM', waiters, id)
   end
   expire(holders, info, now)
-  promote(holders, info, waiters, tonumber(ARGV[3 + i]), now, ttl)
+  promote(i, holders, info, waiters, tonumber(ARGV[3 + i]), now, ttl)
 end
-return extend({released}, promoted)
+return extend_promoted({released}, nil)

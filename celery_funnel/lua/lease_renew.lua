@@ -8,8 +8,8 @@
 --            (task id, token)
 -- Reply      {g, "<funnel index>:<task id>" of g leases no longer held (released by
 --             the task's own process, or by an operator), e, indexes (1-based) of the
---             e funnels that hold nothing and queue nothing, ids of waiters handed
---             a slot...}
+--             e funnels that hold nothing and queue nothing, "<funnel index>:<task
+--             id>" of each waiter handed a slot...}
 
 local now = server_now()
 local ttl = tonumber(ARGV[1])
@@ -29,11 +29,11 @@ for i = 1, #KEYS / 3 do
   end
   at = at + 2 * m
   expire(holders, info, now)
-  promote(holders, info, waiters, n, now, ttl)
+  promote(i, holders, info, waiters, n, now, ttl)
   if redis.call('ZCARD', holders) == 0 and redis.call('ZCARD', waiters) == 0 then
     empty[#empty + 1] = i
   end
 end
 local reply = extend({#gone}, gone)
 reply[#reply + 1] = #empty
-return extend(extend(reply, empty), promoted)
+return extend_promoted(extend(reply, empty), nil)

@@ -60,6 +60,10 @@ def make_app(broker_url: str, funnel_url: str, **conf: Any) -> Celery:
     def both(self: Any, seconds: float) -> None:
         body(self, seconds)
 
+    @app.task(shared=False, name="leases.plain", bind=True)  # limited by funnel_limits
+    def plain(self: Any, seconds: float) -> None:
+        body(self, seconds)
+
     @limited("leases.ends", funnel_concurrency=1, max_retries=1)
     def ends(self: Any, how: str) -> str:
         mark(self, STARTS, how=how)
@@ -90,4 +94,6 @@ if os.environ.get("FUNNEL_TEST_BROKER"):
         extra["task_acks_late"] = True
     if os.environ.get("FUNNEL_TEST_LEASE_TTL"):
         extra["funnel_lease_ttl"] = float(os.environ["FUNNEL_TEST_LEASE_TTL"])
+    if os.environ.get("FUNNEL_TEST_LIMITS"):
+        extra["funnel_limits"] = json.loads(os.environ["FUNNEL_TEST_LIMITS"])
     app = make_app(os.environ["FUNNEL_TEST_BROKER"], os.environ["FUNNEL_TEST_REDIS"], **extra)

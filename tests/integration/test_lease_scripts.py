@@ -39,7 +39,7 @@ def test_n_slots_then_waiters_in_arrival_order(redis_client: redis.Redis, prefix
     assert store.enqueue(two, "d") == []
     assert store.enqueue(two, "c") == []  # queued again: keeps its place
     assert store.waiting(two[0].key) == 2
-    assert store.release(two, "a", a.token) == (1, ["c"])  # the oldest waiter
+    assert store.release(two, "a", a.token) == (1, [(two[0], "c")])  # the oldest waiter
     assert store.release(two, "a", a.token) == (0, [])  # once only
     assert store.release(two, "b", "another run's token") == (0, [])
     handed = {h.task_id: h for h in store.holders(two[0].key)}
@@ -66,14 +66,14 @@ def test_a_lease_not_renewed_runs_out(redis_client: redis.Redis, prefix: str) ->
     held, _ = short.acquire(one, "dead", "w1")
     assert held is not None
     short.enqueue(one, "waiter")
-    promoted: list[str] = []
+    promoted: list[tuple[Seat, str]] = []
 
-    def swept() -> list[str]:  # another worker's renewal sweeps the funnel
+    def swept() -> list[tuple[Seat, str]]:  # another worker's renewal sweeps the funnel
         promoted.extend(short.renew(one, {}).promoted)
         return promoted
 
     wait_for(swept, 5)
-    assert promoted == ["waiter"]
+    assert promoted == [(one[0], "waiter")]
     assert [h.task_id for h in short.holders(one[0].key)] == ["waiter"]
 
 

@@ -78,14 +78,22 @@ def _cluster(server: RedisServer, group: CeleryWorkers) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def cluster(server: RedisServer) -> Iterator[Cluster]:
-    """Two workers with four pool processes each; leases of 30 s (the default)."""
-    yield from _cluster(server, workers(server.url, 2, 4, "w"))
+    """Two workers with four pool processes each; leases of 30 s (the default); the
+    plain task limited to 2 at once per worker by a funnel_limits entry."""
+    limits = json.dumps({"leases.plain": {"concurrency": 2, "scope": "worker"}})
+    yield from _cluster(server, workers(server.url, 2, 4, "w", FUNNEL_TEST_LIMITS=limits))
 
 
-def running_peak(cluster: Cluster, died_at: float | None = None, key: str | None = None) -> int:
+def running_peak(
+    cluster: Cluster, died_at: float | None = None, key: str | None = None, worker: str = ""
+) -> int:
     """The most runs at once, from the runs' own start and end records; a run with no
-    end (its worker was killed) ends at ``died_at``; ``key``: of that key only."""
-    starts = [r for r in cluster.records(STARTS) if key is None or r.get("key") == key]
+    end (its worker was killed) ends at ``died_at``; of ``key`` only, or ``worker``."""
+    starts = [
+        r
+        for r in cluster.records(STARTS)
+        if (key is None or r.get("key") == key) and r["worker"].startswith(worker)
+    ]
     ended = {(r["id"], r["worker"]): r["at"] for r in cluster.records(ENDS)}
     events = []
     for run in starts:
@@ -135,6 +143,18 @@ def test_per_key(cluster: Cluster) -> None:
     assert max(peaks.values()) == 2
     assert running_peak(cluster) > 2  # the keys do not share their slots
     assert all(cluster.holders("leases.per_key", key) == [] for key in keys)
+
+
+def test_a_worker_wide_limit_per_worker(cluster: Cluster) -> None:
+    """{"concurrency": 2, "scope": "worker"} in funnel_limits on a plain task: 2 at once
+    on each worker, 16 tasks of 0.2 s."""
+    cluster.clear()
+    sent = [cluster.app.send_task("leases.plain", (0.2,)).id for _ in range(16)]
+    wait_for(lambda: ended_ids(cluster) >= set(sent), 60)
+    peaks = {w: running_peak(cluster, worker=w) for w in ("w1@", "w2@")}
+    print(f"\nconcurrency 2 per worker, 16 x 0.2 s: peaks {peaks}, all {running_peak(cluster)}")
+    assert max(peaks.values()) == 2
+    assert running_peak(cluster) <= 4
 
 
 def test_rate_and_concurrency_both_hold(cluster: Cluster) -> None:
