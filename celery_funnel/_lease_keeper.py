@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterable, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from celery import signals
@@ -50,16 +51,17 @@ class Leases:
         self.parked = ParkStore(client, settings.key_prefix)
         self.park_lease = settings.park_lease
         self.interval = settings.lease_ttl / 3
-        self._held: dict[str, Lease] = {}  # task id -> lease, taken by this process
+        # task id -> the lease this process's gate took, and its request (weakly)
+        self._held: dict[str, tuple[Lease, Callable[[], Any]]] = {}
         self._funnels: dict[str, Seat] = {}  # swept at each renewal
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def track(self, lease: Lease) -> None:
-        """Renew ``lease`` until its run ends."""
+    def track(self, lease: Lease, request: Any) -> None:
+        """Renew ``lease`` until the run of ``request`` (a worker Request) ends."""
         with self._lock:
-            self._held[lease.task_id] = lease
+            self._held[lease.task_id] = (lease, weakref.ref(request))
         self.know(lease.seats)
 
     def know(self, seats: Iterable[Seat]) -> None:
@@ -72,12 +74,18 @@ class Leases:
                 self._thread.daemon = True
                 self._thread.start()
 
-    def end(self, task_id: str, lease: Lease | None = None) -> None:
-        """The run of ``task_id`` ended: give its slots back (``lease``: from its
-        header; else the one this process took, if any). Never raises."""
+    def end(self, task_id: str, lease: Lease | None = None, *, force: bool = False) -> None:
+        """A run of ``task_id`` ended: give its slots back (``lease``: from its header;
+        else the one this process took, if its request is done: a signal about another
+        copy of the task, delivered again, leaves a running one alone; ``force``: in any
+        case). Never raises."""
         with self._lock:
-            held = self._held.pop(task_id, None)
-        lease = lease or held
+            held = self._held.get(task_id)
+            if held is not None and (lease or force or not _alive(held[1])):
+                del self._held[task_id]
+            elif lease is None:
+                return
+        lease = lease or (held[0] if held else None)
         if lease is None:
             return
         try:
@@ -115,20 +123,23 @@ class Leases:
         with self._lock:
             held = list(self._held.values())
             funnels = list(self._funnels.values())
-        for lease in held:
-            if lease.task_id not in worker_state.requests:
+        for lease, request in held:
+            if not _alive(request):
                 self.end(lease.task_id)  # an ending no signal reported
         with self._lock:
+            tokens = {task_id: lease.token for task_id, (lease, _) in self._held.items()}
             pairs: dict[str, list[tuple[str, str]]] = {}
-            for lease in self._held.values():
+            for lease, _ in self._held.values():
                 for seat in lease.seats:
                     pairs.setdefault(seat.key, []).append((lease.task_id, lease.token))
         for group in self._slots(funnels):
             renewal = self.store.renew(group, pairs)
             with self._lock:
                 for _, task_id in renewal.gone:  # given back by the process that ran it
-                    self._held.pop(task_id, None)
-                used = {seat.key for lease in self._held.values() for seat in lease.seats}
+                    entry = self._held.get(task_id)
+                    if entry is not None and entry[0].token == tokens.get(task_id):
+                        del self._held[task_id]
+                used = {s.key for lease, _ in self._held.values() for s in lease.seats}
                 for key in renewal.empty:
                     if key not in used:
                         self._funnels.pop(key, None)
@@ -164,7 +175,16 @@ class Leases:
         with self._lock:
             held = list(self._held)
         for task_id in held:
-            self.end(task_id)
+            self.end(task_id, force=True)
+
+
+def _alive(request: Callable[[], Any]) -> bool:
+    """Whether the worker still has the request (reserved or running): by the request
+    itself, not its id, which another copy of the task shares."""
+    found = request()
+    if found is None:
+        return False
+    return found in worker_state.reserved_requests or found in worker_state.active_requests
 
 
 def _promised(release: Release, seats: Sequence[Seat]) -> Release:

@@ -111,9 +111,10 @@ class Seats:
         leases = self.leases
         leases.hand_on(leases.store.enqueue(seats, request.id))
 
-    def started(self, lease: Lease) -> None:
-        """The run holding ``lease`` goes to the pool: renew it until it ends."""
-        self.leases.track(lease)
+    def started(self, lease: Lease, request: Any) -> None:
+        """The run of ``request`` holding ``lease`` goes to the pool: renew it until
+        it ends."""
+        self.leases.track(lease, request)
 
     def give_back(self, lease: Lease) -> None:
         """The run will not start (another funnel refused it, or it failed in the

@@ -135,7 +135,7 @@ class WorkerGate(SlotWaits):
             more = lease.header() if lease is not None else {}
             request.request_dict[HEADER] = state.header(gate=gate_mark(), **more)
             if lease is not None:
-                self.seats.started(lease)
+                self.seats.started(lease, request)
             return self.handle(request)
         if lease is not None:  # a rate refused it: nothing stays charged
             self.seats.give_back(lease)

@@ -20,12 +20,13 @@ from celery_funnel import FunnelTask, install
 STARTS, ENDS = "lease-starts", "lease-ends"
 
 
-def make_app(broker_url: str, funnel_url: str, **conf: Any) -> Celery:
-    """The app: funnels, results and run records in the funnels' Redis."""
+def make_app(broker_url: str, funnel_url: str, queue: str = "leases", **conf: Any) -> Celery:
+    """The app: funnels, results and run records in the funnels' Redis; tasks sent to
+    and consumed from ``queue``."""
     app = Celery("lease_proj", broker=broker_url, backend=funnel_url.rsplit("/", 1)[0] + "/1")
     app.conf.update(
         funnel_redis_url=funnel_url,
-        task_default_queue="leases",
+        task_default_queue=queue,
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
         worker_prefetch_multiplier=4,
@@ -96,4 +97,9 @@ if os.environ.get("FUNNEL_TEST_BROKER"):
         extra["funnel_lease_ttl"] = float(os.environ["FUNNEL_TEST_LEASE_TTL"])
     if os.environ.get("FUNNEL_TEST_LIMITS"):
         extra["funnel_limits"] = json.loads(os.environ["FUNNEL_TEST_LIMITS"])
-    app = make_app(os.environ["FUNNEL_TEST_BROKER"], os.environ["FUNNEL_TEST_REDIS"], **extra)
+    app = make_app(
+        os.environ["FUNNEL_TEST_BROKER"],
+        os.environ["FUNNEL_TEST_REDIS"],
+        os.environ.get("FUNNEL_TEST_QUEUE", "leases"),
+        **extra,
+    )
