@@ -15,6 +15,7 @@ import click
 from celery.bin.base import CeleryCommand, handle_preload_options
 
 from ._cli_control import dashboard, override_lines, pause, resume, set_command, unset
+from ._cli_leases import lease_rows, release_lease, show_holders
 from ._cli_parked import parked, parked_summary, purge, release
 from ._cli_view import Failure, Found, at, describe, fair_lines, find, limit_of
 from ._keys import FunnelKey, parse_key
@@ -51,11 +52,13 @@ def _echo_rows(ctx: click.Context, rows: list[dict[str, Any]], as_json: bool) ->
         return
     columns = [
         "key", "kind", "rate", "capacity", "remaining", "reset_after", "reservations", "parked",
+        "in_use",
     ]  # fmt: skip
     widths = {c: max([len(c), *(len(str(r.get(c, ""))) for r in rows)]) for c in columns}
     ctx.obj.echo("  ".join(c.ljust(widths[c]) for c in columns))
     for row in rows:
         ctx.obj.echo("  ".join(str(row.get(c, "")).ljust(widths[c]) for c in columns))
+        show_holders(ctx, row)
         if "error" in row:
             ctx.obj.echo(f"  error: {row['error']}")
         for line in fair_lines(row):
@@ -85,6 +88,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
         name = owner(ctx.obj.app, key, known)
         if name in entries:
             row["override"] = entries[name].as_dict()
+    rows += lease_rows(runtime, backend.client, found)
     _echo_rows(ctx, rows, as_json)
     if found.parked and not as_json:
         summary = parked_summary(store)
@@ -101,16 +105,20 @@ def status(ctx: click.Context, as_json: bool) -> None:
 
 
 def _resolve(runtime: Runtime, backend: RedisFunnel, name: str) -> Found:
+    return resolve(runtime, backend.client, name)
+
+
+def resolve(runtime: Runtime, client: Any, name: str) -> Found:
     """The keys of funnel ``name``: a full key of the layout (the funnel and its
     companions), or a funnel name (it and its key parts, ``name:<part>``)."""
     prefix = runtime.settings.key_prefix
     parsed = parse_key(prefix, name)
     if parsed is None:
-        return find(backend.client, prefix, name)
+        return find(client, prefix, name)
     found = Found()
     funnel_key = parse_key(prefix, parsed.funnel)
     assert funnel_key is not None
-    companions = find(backend.client, prefix, funnel_key.name).keys
+    companions = find(client, prefix, funnel_key.name).keys
     found.keys = [k for k in companions if k.funnel == funnel_key.key]
     return found
 
@@ -216,5 +224,7 @@ def check_command(ctx: click.Context) -> None:
     ctx.obj.echo("ok: celery-funnel can keep its funnels in this Redis")
 
 
-for _command in (parked, release, purge, set_command, pause, resume, unset, dashboard):
+for _command in (
+    parked, release, purge, release_lease, set_command, pause, resume, unset, dashboard
+):  # fmt: skip
     funnel.add_command(_command)

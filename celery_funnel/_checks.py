@@ -29,6 +29,7 @@ from ._task_options import (
     check_names,
     check_options,
     check_orphans,
+    concurrency_of,
     limits_of,
     option_of,
     parameters,
@@ -140,7 +141,7 @@ def _check_task(task: Any, wildcard: set[str]) -> bool:
     get = partial(option_of, task)
     check_options(where, get, parameters(task.run, bound=False))
     check_orphans(where, get)
-    return bool(limits_of(task))
+    return bool(limits_of(task)) or concurrency_of(task) is not None
 
 
 def _errors(app: Any) -> Iterable[str]:
@@ -156,11 +157,13 @@ def _errors(app: Any) -> Iterable[str]:
                 throttled.append(task.name)
         except ConfigurationError as exc:
             yield str(exc)
-    if settings is not None and (settings.limits or throttled):
+    if settings is not None and (settings.limits or settings.concurrency or throttled):
         try:
             settings.require_redis()
         except ConfigurationError as exc:
-            users = [*throttled, *(f"funnel_limits[{lim.pattern!r}]" for lim in settings.limits)]
+            patterns = [lim.pattern for lim in settings.limits]
+            patterns += [lim.pattern for lim in settings.concurrency]
+            users = [*throttled, *(f"funnel_limits[{pattern!r}]" for pattern in patterns)]
             yield f"{exc}; it is needed by {', '.join(users)}"
 
 

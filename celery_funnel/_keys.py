@@ -16,6 +16,10 @@ name is ``<task>`` and each limit's key is ``:<index>[:<key part>]`` after it. A
 worker-wide ``funnel_limits`` entry is ``limit:<pattern>``, or
 ``limit:<pattern>:<worker>`` with ``"scope": "worker"``.
 
+A concurrency limit (``_leases``) keeps its slots beside its funnel's key, in the
+same slot: ``#leases`` (task id -> end of its lease), ``#lease-info`` (who holds each
+slot) and ``#waiters`` (the parked tasks waiting for a slot, in arrival order).
+
 Parked tasks (``_park``) share one tag of their own, ``{~parked}`` (no funnel name
 starts with ``~``): ``<prefix>{~parked}#due``, ``#entries``, ``#claims``, ``#leases``,
 ``#accepted``, ``#accepted-at``, ``#labels``, ``#counts`` and ``#fair`` (the
@@ -50,6 +54,7 @@ __all__ = [
     "hash_tag",
     "is_live_key",
     "is_parked_key",
+    "lease_keys",
     "limit_key",
     "live_key",
     "parked_keys",
@@ -66,6 +71,7 @@ _SAFE = re.compile(f"[{_SAFE_CHARS}]{{1,64}}")
 _NAME = f"[{_SAFE_CHARS}~]+"
 COMPANION_MARK = "#"
 TICKETS = "tickets"
+LEASE_PARTS = ("leases", "lease-info", "waiters")
 LIMIT_NAME = "limit"
 _HASHED = re.compile("~[0-9a-f]{24}")
 _GLOB = re.compile(r"([*?\[\]\\])")
@@ -115,6 +121,12 @@ def companion_key(key: str, suffix: str) -> str:
 def tickets_key(key: str) -> str:
     """Where the reservation tickets of GCRA funnel ``key`` live (a sorted set)."""
     return companion_key(key, TICKETS)
+
+
+def lease_keys(key: str) -> list[str]:
+    """The keys of concurrency funnel ``key``: its leases, their holders' info and its
+    waiters, in ``LEASE_PARTS`` order (the order the lease scripts take them)."""
+    return [companion_key(key, part) for part in LEASE_PARTS]
 
 
 def funnel_key(prefix: str, name: str, *parts: str) -> str:
@@ -242,12 +254,16 @@ class FunnelKey:
         return not self.rest and self.in_family(f"{LIMIT_NAME}:{_safe_name(pattern or '*')}")
 
 
+# the companions a funnel key may carry: tickets, leases, fair-share queues
+_COMPANIONS = "|".join((TICKETS, *LEASE_PARTS, "fair(?:-[a-z0-9]+)?"))
+
+
 @lru_cache(maxsize=64)
 def _parser(prefix: str) -> re.Pattern[str]:
     return re.compile(
         re.escape(prefix)
         + rf"\{{({_NAME})\}}((?::[0-9]+(?::{_NAME})?)?)"
-        + rf"(?:{re.escape(COMPANION_MARK)}({TICKETS}|fair(?:-[a-z0-9]+)?))?"
+        + rf"(?:{re.escape(COMPANION_MARK)}({_COMPANIONS}))?"
     )
 
 

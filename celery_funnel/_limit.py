@@ -21,7 +21,9 @@ from ._values import MAX_CAPACITY, check_plain, did_you_mean, format_fields
 from .backends.base import Funnel
 from .strategies.reservation import Shape
 
-__all__ = ["STRATEGIES", "Limit", "Verdict", "check_all", "parse_limit", "safe_part"]
+__all__ = [
+    "STRATEGIES", "Limit", "Verdict", "check_all", "key_part", "parse_limit", "safe_part",
+]  # fmt: skip
 
 STRATEGIES = strategies.names()  # every registered strategy
 SCOPES = strategies.SCOPES
@@ -68,6 +70,17 @@ class Verdict(NamedTuple):
     queued: int = 0  # fair share: 1 join the tenant's waiting queue, 2 in front (_fair)
 
 
+def key_part(
+    key: str | KeyFunc | None,
+    run: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+) -> str:
+    """The part of a funnel key that ``key`` selects from ``args``/``kwargs`` ("" = one
+    funnel, when ``key`` is None)."""
+    return "" if key is None else select_part(key, run, args, kwargs)
+
+
 @dataclass(frozen=True)
 class Limit:
     """One limit: ``rate``, burst ``capacity`` (units that may start back to back from an
@@ -95,9 +108,7 @@ class Limit:
         self, run: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
     ) -> str:
         """The part of the funnel key that ``args``/``kwargs`` select ("" = one funnel)."""
-        if self.key is None:
-            return ""
-        return select_part(self.key, run, args, kwargs)
+        return key_part(self.key, run, args, kwargs)
 
     def cost_of(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int:
         """Units one task takes."""

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ._concurrency import Concurrency, split_entry
 from ._errors import ConfigurationError
 from ._limit import Limit, parse_limit
 from ._outage import POLICIES
@@ -41,6 +42,7 @@ _DEFAULTS: dict[str, Any] = {
     "funnel_park": True,
     "funnel_park_after": 5.0,
     "funnel_park_lease": 30.0,
+    "funnel_lease_ttl": 30.0,
 }
 
 
@@ -102,15 +104,21 @@ def check_policy(name: str, value: Any) -> str:
     return str(value)
 
 
-def _limits(value: Any) -> tuple[Limit, ...]:
+def _limits(value: Any) -> tuple[tuple[Limit, ...], tuple[Concurrency, ...]]:
+    """The rate limits and the concurrency limits of ``funnel_limits``."""
     if not isinstance(value, Mapping):
         raise ConfigurationError(
             f"funnel_limits must be a dict of task-name pattern -> rate, got {value!r}"
         )
-    return tuple(
-        parse_limit(spec, pattern=pattern, where=f"funnel_limits[{pattern!r}]")
-        for pattern, spec in value.items()
-    )
+    limits: list[Limit] = []
+    concurrency: list[Concurrency] = []
+    for pattern, spec in value.items():
+        rest, slots = split_entry(pattern, spec)
+        if slots is not None:
+            concurrency.append(slots)
+        if rest is not None:
+            limits.append(parse_limit(rest, pattern=pattern, where=f"funnel_limits[{pattern!r}]"))
+    return tuple(limits), tuple(concurrency)
 
 
 def _max_deferrals(value: Any) -> int | None:
@@ -142,6 +150,8 @@ class FunnelSettings:
     park: bool = True  # park waits longer than park_after in Redis (not the broker)
     park_after: float = 5.0  # seconds
     park_lease: float = 30.0  # seconds a releaser's claim lasts
+    concurrency: tuple[Concurrency, ...] = ()  # funnel_limits entries with "concurrency"
+    lease_ttl: float = 30.0  # seconds a concurrency slot lasts unless renewed
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> FunnelSettings:
@@ -164,9 +174,10 @@ class FunnelSettings:
         countdown = get("funnel_max_countdown")
         if countdown is not None:
             countdown = number("funnel_max_countdown", countdown, MIN_COUNTDOWN, MAX_COUNTDOWN)
+        limits, concurrency = _limits(get("funnel_limits"))
         return cls(
             redis_url=get("funnel_redis_url"),
-            limits=_limits(get("funnel_limits")),
+            limits=limits,
             key_prefix=prefix,
             max_countdown=countdown,
             reservation=to_bool("funnel_reservation", get("funnel_reservation")),
@@ -182,6 +193,8 @@ class FunnelSettings:
             park=to_bool("funnel_park", get("funnel_park")),
             park_after=number("funnel_park_after", get("funnel_park_after"), 0.0, 3600.0),
             park_lease=number("funnel_park_lease", get("funnel_park_lease"), 1.0, 3600.0),
+            concurrency=concurrency,
+            lease_ttl=number("funnel_lease_ttl", get("funnel_lease_ttl"), 0.5, 3600.0),
         )
 
     def require_redis(self) -> Any:

@@ -10,6 +10,7 @@ from typing import Any
 
 from celery import Task
 
+from ._concurrency import check_concurrency
 from ._errors import ConfigurationError
 from ._limit import Limit, parse_limit
 from ._settings import check_policy
@@ -27,6 +28,7 @@ OPTIONS = (
     "funnel_dry_run",
     "funnel_fair_by",
     "funnel_weights",
+    "funnel_concurrency",
 )
 # funnel_<field> options
 _FIELDS = ("rate", "capacity", "strategy", "key", "cost", "fair_by", "weights")
@@ -108,6 +110,11 @@ def limits_from(where: str, get: Getter) -> tuple[Limit, ...]:
     if not isinstance(more, (list, tuple)):
         raise ConfigurationError(f"{where}: funnel_limits must be a list of limits, got {more!r}")
     for i, spec in enumerate(more):
+        if isinstance(spec, Mapping) and "concurrency" in spec:
+            raise ConfigurationError(
+                f"{where}: funnel_limits[{i}] has 'concurrency': a task's own concurrency"
+                f" limit is funnel_concurrency=N (per key with funnel_key)"
+            )
         limits.append(parse_limit(spec, where=where, label=f"funnel_limits[{i}]['{{}}']".format))
     if len(limits) > 1 and any(limit.strategy != "gcra" for limit in limits):
         raise ConfigurationError(f"{where}: several limits on one task need the 'gcra' strategy")
@@ -117,6 +124,18 @@ def limits_from(where: str, get: Getter) -> tuple[Limit, ...]:
             f" fairly (set funnel_fair_by, or 'fair_by' on one entry of funnel_limits)"
         )
     return tuple(limits)
+
+
+def concurrency_of(task: Any) -> int | None:
+    """The task's ``funnel_concurrency`` (None when unset).
+
+    Raises:
+        ConfigurationError: naming the task and the value.
+    """
+    value = option_of(task, "funnel_concurrency")
+    if value is None:
+        return None
+    return check_concurrency(f"task {task_name(task)!r}: funnel_concurrency", value)
 
 
 def limits_of(task: Any) -> tuple[Limit, ...]:
@@ -170,9 +189,11 @@ def check_keys(where: str, get: Getter, params: list[str] | None) -> None:
     """
     if params is None:
         return
-    keys = []
+    keys: list[tuple[str, Any]] = []
     if get("funnel_rate") is not None:
         keys = [("funnel_key", get("funnel_key")), ("funnel_fair_by", get("funnel_fair_by"))]
+    elif get("funnel_concurrency") is not None:
+        keys = [("funnel_key", get("funnel_key"))]
     for i, spec in enumerate(get("funnel_limits") or ()):
         if isinstance(spec, Mapping):
             keys.append((f"funnel_limits[{i}]['key']", spec.get("key")))
@@ -196,6 +217,8 @@ def check_options(where: str, get: Getter, params: list[str] | None) -> None:
         ConfigurationError: naming ``where``, the option and the value.
     """
     limits_from(where, get)
+    if get("funnel_concurrency") is not None:
+        check_concurrency(f"{where}: funnel_concurrency", get("funnel_concurrency"))
     check_keys(where, get, params)
     if get("funnel_dry_run") is not None:
         to_bool(f"{where}: funnel_dry_run", get("funnel_dry_run"))
@@ -213,6 +236,8 @@ def check_orphans(where: str, get: Getter) -> None:
     if get("funnel_rate") is not None:
         return
     for field, default in _DEFAULTS.items():
+        if field == "key" and get("funnel_concurrency") is not None:
+            continue  # it splits the concurrency limit
         value = get(f"funnel_{field}")
         if value is not None and value != default:
             raise ConfigurationError(

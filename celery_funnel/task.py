@@ -58,7 +58,9 @@ class FunnelTask(Task):  # type: ignore[misc]
     the app's setting) to run every task at once and only report the deferrals;
     ``funnel_fair_by`` (format string or callable, like ``funnel_key``) shares the
     funnel between tenants round-robin, weighted by ``funnel_weights`` (a mapping
-    tenant -> weight, or a callable; default 1), the highest priority first.
+    tenant -> weight, or a callable; default 1), the highest priority first; and
+    ``funnel_concurrency`` (at most this many running at once across the workers, per
+    ``funnel_key`` when set; enforced by the worker gate with leases, see the README).
 
     Subclasses that override ``before_start`` must call ``super().before_start``.
 
@@ -77,6 +79,7 @@ class FunnelTask(Task):  # type: ignore[misc]
     funnel_dry_run: ClassVar[bool | None] = None  # None: the app's setting
     funnel_fair_by: ClassVar[Any] = None
     funnel_weights: ClassVar[Any] = None
+    funnel_concurrency: ClassVar[int | None] = None  # at most this many at once (worker gate)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -34,6 +34,7 @@ from ._checks import check_app
 from ._fair_gate import fair_charge
 from ._gate import (
     HEADER,
+    RUN,
     Charge,
     State,
     Step,
@@ -47,13 +48,16 @@ from ._gate import (
 )
 from ._held import Held, give_back_booking
 from ._keys import safe_part
+from ._leases import Lease
 from ._limit import Limit
 from ._live import live_for
 from ._outage import BACKOFF_FIRST_SECONDS
 from ._parking import Parking
 from ._republish import republish
 from ._runtime import Runtime, runtime_for
-from ._task_options import dry_run_of, policy_of
+from ._seats import Seats
+from ._slot_gate import SlotWaits
+from ._task_options import concurrency_of, dry_run_of, policy_of
 from .task import FunnelTask, limits_of
 
 __all__ = ["FunnelGate", "WorkerGate"]
@@ -64,7 +68,7 @@ logger = logging.getLogger("celery_funnel")
 EXPIRY_MARGIN_SECONDS = 0.01
 
 
-class WorkerGate:
+class WorkerGate(SlotWaits):
     """Wraps ``on_task_request``: passes a request on once every funnel that applies to
     it admits it; holds, re-publishes or fails it otherwise."""
 
@@ -78,6 +82,7 @@ class WorkerGate:
         self.held = Held(runtime, consumer, self._pass)
         self.parking = Parking(runtime)
         self.live = live_for(consumer.app)
+        self.seats = Seats(runtime, consumer.app, self.node, self.hostname)
 
     def limits_for(self, name: str) -> tuple[Limit, ...]:
         """Every worker-wide limit whose pattern matches task ``name``."""
@@ -86,6 +91,7 @@ class WorkerGate:
     def __call__(self, request: Any) -> Any:
         try:
             charges = self.charges.of(request.type, request.name, request.args, request.kwargs)
+            seated = bool(self.seats.of(request.type, request.name, request.args, request.kwargs))
         except Exception as error:  # a bad funnel_key fails its task only
             return self._fail(request, error, reported=False)
         state = State.from_headers(request.request_dict)
@@ -93,7 +99,7 @@ class WorkerGate:
             request.acknowledge()
             task_ready(request)
             return None
-        if not charges:
+        if not charges and not seated:
             return self.handle(request)
         return self._pass(request, charges, state)
 
@@ -115,18 +121,32 @@ class WorkerGate:
         self.held.backend_of(request)  # revoked() below may store REVOKED with it
         if request.revoked():  # revoked, or expired while it waited: Celery ends it
             give_back_booking(self.runtime, charges, state, request.id)
+            self.seats.forget(request)
             return None
+        lease: Lease | None = None
         try:
+            seats = self.seats.of(request.type, request.name, request.args, request.kwargs)
+            if seats:  # the slots first: they can be given back, a rate's cannot
+                lease, waits = self._take_slots(request, charges, state, seats)
+                if lease is None:
+                    return waits
             # charges stay the code's (held requests keep them); overrides apply here,
             # to every decision, from the table the live thread keeps fresh
-            step = self._decide(request, charges, state)
+            step = self._decide(request, charges, state) if charges else RUN
         except Exception as error:  # one task fails, the worker runs on
+            if lease is not None:
+                self.seats.give_back(lease)
             return self._fail(request, error, reported=False)
         self.live.count(dict.fromkeys(c.label for c in charges), step.run)
         if step.run:
             # the run is decided and paid: FunnelTask.before_start lets it through
-            request.request_dict[HEADER] = state.header(gate=gate_mark())
+            more = lease.header() if lease is not None else {}
+            request.request_dict[HEADER] = state.header(gate=gate_mark(), **more)
+            if lease is not None:
+                self.seats.started(lease, request)
             return self.handle(request)
+        if lease is not None:  # a rate refused it: nothing stays charged
+            self.seats.give_back(lease)
         if step.error is not None:
             return self._fail(request, step.error, reported=True)
         return self._wait(request, charges, step)
@@ -197,8 +217,9 @@ class WorkerGate:
         request.acknowledge()
         task_ready(request)
 
-    def _park(self, request: Any, charges: Sequence[Charge], step: Step, label: str) -> None:
-        """Park the task in the funnels' Redis until its slot; ack the original after."""
+    def _park(self, request: Any, charges: Sequence[Charge], step: Step, label: str) -> bool:
+        """Park the task in the funnels' Redis until its slot; ack the original after.
+        False when it could not be parked (it is held, to try again shortly)."""
         fair = fair_charge(charges, step.queued)
         try:
             fresh = self.parking.park(request, requeued(step.state, 0.0), step.delay, label, fair)
@@ -208,7 +229,7 @@ class WorkerGate:
                 request.name, request.id, error, BACKOFF_FIRST_SECONDS,
             )  # fmt: skip
             self._hold(request, charges, step.state, BACKOFF_FIRST_SECONDS)
-            return
+            return False
         if not fresh:
             logger.info(
                 "celery-funnel: task %s[%s] ran already (a stale copy): dropped",
@@ -216,6 +237,7 @@ class WorkerGate:
             )  # fmt: skip
         request.acknowledge()
         task_ready(request)
+        return fresh
 
     def _hold(self, request: Any, charges: Sequence[Charge], state: State, delay: float) -> None:
         self.held.hold(request, charges, state, delay)
@@ -252,8 +274,10 @@ class WorkerGate:
         task_ready(request)
 
     def close(self) -> None:
-        """Stop sweeping; close the result-backend connections the gate opened."""
+        """Stop sweeping; give back the slots still held; close the result-backend
+        connections the gate opened."""
         self.held.close()
+        self.seats.close()
 
     def _send_event(self, request: Any) -> Callable[..., Any] | None:
         dispatcher = getattr(self.consumer, "event_dispatcher", None)
@@ -308,7 +332,7 @@ class FunnelGate(bootsteps.StartStopStep):  # type: ignore[misc]
         settings = runtime.settings
         if settings.limits:
             settings.require_redis()
-        if settings.limits or _funnel_tasks(consumer.app):
+        if settings.limits or settings.concurrency or _funnel_tasks(consumer.app):
             consumer.on_task_request = WorkerGate(runtime, consumer, consumer.on_task_request)
         if settings.limits:
             logger.info(
@@ -321,4 +345,7 @@ class FunnelGate(bootsteps.StartStopStep):  # type: ignore[misc]
 
 def _funnel_tasks(app: Any) -> bool:
     """Whether ``app`` has a FunnelTask with a funnel (the gate decides its runs)."""
-    return any(isinstance(t, FunnelTask) and limits_of(t) for t in list(app.tasks.values()))
+    return any(
+        isinstance(t, FunnelTask) and (limits_of(t) or concurrency_of(t) is not None)
+        for t in list(app.tasks.values())
+    )

@@ -33,3 +33,12 @@ local function forget(id)
   end
 end
 
+-- a release claims the entry: only copies carrying its token may run; the claim lasts
+-- until lease_end (µs), after which a releaser claims it again
+local function claim_entry(id, token, now, lease_end)
+  redis.call('HSET', accepted, id, token)
+  redis.call('ZADD', accepted_at, now, id)
+  redis.call('ZREM', due, id)
+  redis.call('ZADD', leases, lease_end, id)
+  redis.call('HSET', claims, id, token)
+end

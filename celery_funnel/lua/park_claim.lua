@@ -20,11 +20,7 @@ local function claim(id)
     forget(id)  -- gone, or a copy of its release runs already (its releaser died after)
     return
   end
-  redis.call('HSET', accepted, id, ARGV[4])  -- only copies of this release may run
-  redis.call('ZADD', accepted_at, now, id)
-  redis.call('ZREM', due, id)
-  redis.call('ZADD', leases, now + tonumber(ARGV[2]), id)
-  redis.call('HSET', claims, id, ARGV[4])
+  claim_entry(id, ARGV[4], now, now + tonumber(ARGV[2]))
   reply[#reply + 1] = id
   reply[#reply + 1] = message
 end

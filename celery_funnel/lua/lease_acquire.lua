@@ -1,0 +1,45 @@
+-- lease_acquire.lua: take a slot in every concurrency funnel of a task, all or none.
+--
+-- KEYS       three per funnel (holders, info, waiters; see _lease.lua)
+-- ARGV[1]    task id
+-- ARGV[2]    "<token>|<worker>" of this run (the token releases it)
+-- ARGV[3]    lease ttl, µs
+-- ARGV[4..]  per funnel: its concurrency n
+-- Reply      {1 when every slot is taken (0: none taken, the task must wait), now µs,
+--             "<funnel index>:<task id>" of each waiter handed a slot by this call...}
+-- A slot handed to this task while it was parked counts as its own; a slot held by
+-- another run of the same task id (a duplicate delivery) does not.
+
+local now = server_now()
+local id, ttl = ARGV[1], tonumber(ARGV[3])
+local funnels = #KEYS / 3
+local taken = true
+for i = 1, funnels do
+  local holders, info, waiters = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local n = tonumber(ARGV[3 + i])
+  expire(holders, info, now)
+  promote(i, holders, info, waiters, n, now, ttl)  -- waiters first, then newcomers
+  local held = redis.call('HGET', info, id)
+  if held ~= '' and (held or redis.call('ZCARD', holders) >= n) then
+    taken = false
+  end
+end
+if taken then
+  local value = ARGV[2] .. '|' .. string.format('%.0f', now)
+  for i = 1, funnels do
+    redis.call('ZADD', KEYS[3 * i - 2], now + ttl, id)
+    redis.call('HSET', KEYS[3 * i - 1], id, value)
+    redis.call('ZREM', KEYS[3 * i], id)
+  end
+else
+  -- a slot handed to it in one funnel is not kept while it waits for another
+  for i = 1, funnels do
+    local holders, info, waiters = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+    if redis.call('HGET', info, id) == '' then
+      redis.call('ZREM', holders, id)
+      redis.call('HDEL', info, id)
+      promote(i, holders, info, waiters, tonumber(ARGV[3 + i]), now, ttl)
+    end
+  end
+end
+return extend_promoted({taken and 1 or 0, now}, id)

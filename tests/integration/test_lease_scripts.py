@@ -1,0 +1,107 @@
+"""The lease scripts on a real Redis: slots taken all or none, given back once by their
+token, handed to the oldest waiter, renewed in one call, and freed when a lease runs
+out; waiters claimed for release from the parked index."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import redis
+
+from celery_funnel._keys import task_key
+from celery_funnel._leases import LeaseStore, Seat
+from celery_funnel._park import ParkStore
+from tests.polling import wait_for
+
+pytestmark = pytest.mark.redis
+ONE_REDIS = True  # the scripts' behaviour does not depend on the server's version
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"t{uuid.uuid4().hex[:8]}:"
+
+
+def seat(prefix: str, n: int, name: str = "job") -> Seat:
+    return Seat(n, task_key(prefix, name), name)
+
+
+def test_n_slots_then_waiters_in_arrival_order(redis_client: redis.Redis, prefix: str) -> None:
+    store = LeaseStore(redis_client, prefix, 30.0)
+    two = [seat(prefix, 2)]
+    a, _ = store.acquire(two, "a", "w1")
+    b, _ = store.acquire(two, "b", "w1")
+    assert a is not None
+    assert b is not None
+    assert store.acquire(two, "c", "w2") == (None, [])  # full: nothing taken
+    assert store.enqueue(two, "c") == []
+    assert store.enqueue(two, "d") == []
+    assert store.enqueue(two, "c") == []  # queued again: keeps its place
+    assert store.waiting(two[0].key) == 2
+    assert store.release(two, "a", a.token) == (1, [(two[0], "c")])  # the oldest waiter
+    assert store.release(two, "a", a.token) == (0, [])  # once only
+    assert store.release(two, "b", "another run's token") == (0, [])
+    handed = {h.task_id: h for h in store.holders(two[0].key)}
+    assert handed["c"].token == ""
+    assert handed["b"].worker == "w1"
+    assert store.acquire(two, "e", "w2")[0] is None  # the slot is c's, not a newcomer's
+    c, _ = store.acquire(two, "c", "w2")
+    assert c is not None  # the slot handed to it while parked
+    assert store.waiting(two[0].key) == 1  # d still waits
+    assert store.acquire(two, "c", "w3")[0] is None  # a second run of c: no slot
+
+
+def test_all_or_none_over_several_funnels(redis_client: redis.Redis, prefix: str) -> None:
+    store = LeaseStore(redis_client, prefix, 30.0)
+    free, full = seat(prefix, 1, "free"), seat(prefix, 1, "full")
+    assert store.acquire([full], "x", "w")[0] is not None
+    assert store.acquire([free, full], "y", "w")[0] is None
+    assert store.holders(free.key) == []  # nothing kept in the funnel that had room
+
+
+def test_a_lease_not_renewed_runs_out(redis_client: redis.Redis, prefix: str) -> None:
+    short = LeaseStore(redis_client, prefix, 0.2)
+    one = [seat(prefix, 1)]
+    held, _ = short.acquire(one, "dead", "w1")
+    assert held is not None
+    short.enqueue(one, "waiter")
+    promoted: list[tuple[Seat, str]] = []
+
+    def swept() -> list[tuple[Seat, str]]:  # another worker's renewal sweeps the funnel
+        promoted.extend(short.renew(one, {}).promoted)
+        return promoted
+
+    wait_for(swept, 5)
+    assert promoted == [(one[0], "waiter")]
+    assert [h.task_id for h in short.holders(one[0].key)] == ["waiter"]
+
+
+def test_one_call_renews_every_lease(redis_client: redis.Redis, prefix: str) -> None:
+    store = LeaseStore(redis_client, prefix, 30.0)
+    one, two = seat(prefix, 1, "one"), seat(prefix, 2, "two")
+    a, _ = store.acquire([one, two], "a", "w")
+    b, _ = store.acquire([two], "b", "w")
+    assert a is not None
+    assert b is not None
+    before = {h.task_id: h.expires for h in store.holders(two.key)}
+    store.release([two], "b", b.token)  # given back by the pool process that ran it
+    held = {one.key: [("a", a.token)], two.key: [("a", a.token), ("b", b.token)]}
+    renewal = store.renew([one, two], held)
+    assert renewal.gone == [(two.key, "b")]
+    assert renewal.empty == []
+    assert store.holders(two.key)[0].expires >= before["a"]
+    store.release([one, two], "a", a.token)
+    assert store.renew([one, two], {}).empty == [one.key, two.key]
+
+
+def test_waiters_are_claimed_from_the_parked_index(redis_client: redis.Redis, prefix: str) -> None:
+    store, parked = LeaseStore(redis_client, prefix, 30.0), ParkStore(redis_client, prefix)
+    message = {"body": b"x", "meta": {"funnel": "job", "task": "job", "parked_at": 0.0}}
+    assert parked.park("w1", 3600.0, message, "")
+    missing, releases = store.wake(["w1", "gone"], 30.0)
+    assert missing == ["gone"]
+    assert [(r.task_id, r.message["body"]) for r in releases] == [("w1", b"x")]
+    assert store.wake(["w1"], 30.0) == ([], [])  # being released: left to its releaser
+    assert parked.done(releases[0])
+    assert parked.count() == 0

@@ -1,0 +1,301 @@
+"""Concurrency limits with leases, on real ``celery worker`` processes (prefork): at most
+N running at once across the workers, per key, with a rate on the same task; every way
+a run ends gives its slot back at once; a worker SIGKILLed while it holds slots loses
+them after the lease's TTL; waiters are released by the run that frees a slot.
+
+"Running" is measured from the tasks' own records (``lease_proj``): each run notes its
+start and its end from inside its body. Figures are printed (``pytest -s``) for the
+README; only behaviour is asserted (counts and peaks), throughput only loosely.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_funnel._keys import task_key
+from celery_funnel._leases import Holder, LeaseStore
+from celery_funnel.testing import CeleryWorkers, RedisServer, peak
+from tests.integration.lease_proj import ENDS, STARTS, make_app
+from tests.integration.proj import close_app
+from tests.polling import wait_for
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+ROOT = str(Path(__file__).resolve().parents[2])
+PREFIX = "funnel:"
+
+
+def workers(url: str, count: int, processes: int, prefix: str, **env: str) -> CeleryWorkers:
+    """Workers of ``lease_proj`` consuming the queue ``prefix`` (each group its own)."""
+    base = {"FUNNEL_TEST_BROKER": url, "FUNNEL_TEST_REDIS": url, "FUNNEL_TEST_QUEUE": prefix}
+    return CeleryWorkers(
+        "tests.integration.lease_proj", count, {**base, **env}, "-c", str(processes),
+        "-Q", prefix, cwd=ROOT, prefix=prefix,
+    )  # fmt: skip
+
+
+class Cluster:
+    """A Redis (broker, funnels, results, records), an app to send with, workers."""
+
+    def __init__(self, url: str, app: Celery, group: CeleryWorkers) -> None:
+        self.url, self.app, self.workers = url, app, group
+        self.client = redis.Redis.from_url(url)
+        self.store = LeaseStore(self.client, PREFIX, 30.0)
+
+    def records(self, which: str) -> list[dict[str, Any]]:
+        return [json.loads(item) for item in self.client.lrange(which, 0, -1)]
+
+    def holders(self, task: str, part: str = "") -> list[Holder]:
+        return self.store.holders(task_key(PREFIX, task, part))
+
+    def clear(self) -> None:
+        self.client.delete(STARTS, ENDS)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    with RedisServer() as started:
+        yield started
+
+
+def _cluster(server: RedisServer, group: CeleryWorkers) -> Iterator[Cluster]:
+    app = make_app(server.url, server.url, group.prefix)
+    with group:
+        cluster = Cluster(server.url, app, group)
+        yield cluster
+        cluster.client.close()
+    close_app(app)
+
+
+@pytest.fixture(scope="module")
+def cluster(server: RedisServer) -> Iterator[Cluster]:
+    """Two workers with four pool processes each; leases of 30 s (the default); the
+    plain task limited to 2 at once per worker by a funnel_limits entry."""
+    limits = json.dumps({"leases.plain": {"concurrency": 2, "scope": "worker"}})
+    yield from _cluster(server, workers(server.url, 2, 4, "w", FUNNEL_TEST_LIMITS=limits))
+
+
+def running_peak(
+    cluster: Cluster, died_at: float | None = None, key: str | None = None, worker: str = ""
+) -> int:
+    """The most runs at once, from the runs' own start and end records; a run with no
+    end (its worker was killed) ends at ``died_at``; of ``key`` only, or ``worker``."""
+    starts = [
+        r
+        for r in cluster.records(STARTS)
+        if (key is None or r.get("key") == key) and r["worker"].startswith(worker)
+    ]
+    ended = {(r["id"], r["worker"]): r["at"] for r in cluster.records(ENDS)}
+    events = []
+    for run in starts:
+        end = ended.get((run["id"], run["worker"]), died_at)
+        assert end is not None, f"run {run} never ended"
+        events += [(run["at"], 1), (end, -1)]
+    now = best = 0
+    for _, step in sorted(events, key=lambda e: (e[0], e[1])):
+        now += step
+        best = max(best, now)
+    return best
+
+
+def ended_ids(cluster: Cluster) -> set[str]:
+    return {r["id"] for r in cluster.records(ENDS)}
+
+
+def test_three_at_once_over_two_workers_of_four_processes(cluster: Cluster) -> None:
+    """funnel_concurrency=3, 60 tasks of 0.2 s over 8 pool processes."""
+    cluster.clear()
+    sent = [cluster.app.send_task("leases.three", (0.2,)).id for _ in range(60)]
+    wait_for(lambda: ended_ids(cluster) >= set(sent), 60)
+    starts = sorted(r["at"] for r in cluster.records(STARTS))
+    last_end = max(r["at"] for r in cluster.records(ENDS))
+    throughput = len(sent) / (last_end - starts[0])
+    most = running_peak(cluster)
+    print(f"\nconcurrency 3, 2x4 processes, 60 x 0.2 s: peak {most}, {throughput:.2f} tasks/s")
+    assert len(starts) == 60  # each ran once
+    assert most == 3
+    assert throughput > 0.5 * 3 / 0.2  # loosely: the machine is shared (15/s at best)
+    wait_for(lambda: cluster.holders("leases.three") == [], 10)  # given back after the body
+
+
+def test_per_key(cluster: Cluster) -> None:
+    """funnel_concurrency=2 with funnel_key: 2 at once per key, over 5 keys."""
+    cluster.clear()
+    keys = [f"c{i}" for i in range(5)]
+    sent = [
+        cluster.app.send_task("leases.per_key", (keys[n % 5], 0.2)).id for n in range(40)
+    ]  # fmt: skip
+    wait_for(lambda: ended_ids(cluster) >= set(sent), 60)
+    peaks = {key: running_peak(cluster, key=key) for key in keys}
+    print(
+        f"\nconcurrency 2 per key, 5 keys, 40 x 0.2 s: peaks {peaks}, all {running_peak(cluster)}"
+    )
+    assert all(most <= 2 for most in peaks.values())
+    assert max(peaks.values()) == 2
+    assert running_peak(cluster) > 2  # the keys do not share their slots
+    wait_for(lambda: all(cluster.holders("leases.per_key", key) == [] for key in keys), 10)
+
+
+def test_a_worker_wide_limit_per_worker(cluster: Cluster) -> None:
+    """{"concurrency": 2, "scope": "worker"} in funnel_limits on a plain task: 2 at once
+    on each worker, 16 tasks of 0.2 s."""
+    cluster.clear()
+    sent = [cluster.app.send_task("leases.plain", (0.2,)).id for _ in range(16)]
+    wait_for(lambda: ended_ids(cluster) >= set(sent), 60)
+    peaks = {w: running_peak(cluster, worker=w) for w in ("w1@", "w2@")}
+    print(f"\nconcurrency 2 per worker, 16 x 0.2 s: peaks {peaks}, all {running_peak(cluster)}")
+    assert max(peaks.values()) == 2
+    assert running_peak(cluster) <= 4
+
+
+def test_rate_and_concurrency_both_hold(cluster: Cluster) -> None:
+    """funnel_concurrency=2 and funnel_rate="5/s" on one task: 15 tasks of 0.3 s (the
+    slots alone would start 6.7/s): never more than 2 running, never more than 5
+    starts in a second (6 with the records' jitter at a window's edge)."""
+    cluster.clear()
+    sent = [cluster.app.send_task("leases.both", (0.3,)).id for _ in range(15)]
+    wait_for(lambda: ended_ids(cluster) >= set(sent), 60)
+    starts = [r["at"] for r in cluster.records(STARTS)]
+    most, per_second = running_peak(cluster), peak(starts, 1.0)
+    span = max(starts) - min(starts)
+    print(f"\nconcurrency 2 + 5/s, 15 x 0.3 s: peak {most}, {per_second} starts in 1 s,"
+          f" {(len(starts) - 1) / span:.2f} starts/s")  # fmt: skip
+    assert len(starts) == 15
+    assert most <= 2
+    assert per_second <= 6
+    assert span >= 14 / 5 * 0.9  # 15 starts at 5/s span 2.8 s
+
+
+ENDINGS = ["success", "fail", "retry", "reject", "ignore", "soft", "hard", "terminate"]
+
+
+@pytest.mark.parametrize("how", ENDINGS)
+def test_each_ending_gives_the_slot_back(cluster: Cluster, how: str) -> None:
+    """funnel_concurrency=1, leases of 30 s: however the run ends, its slot is free at
+    once (well inside the TTL, so no lease ran out), and the next task runs."""
+    cluster.clear()
+    options: dict[str, Any] = {"soft": {"soft_time_limit": 0.3}, "hard": {"time_limit": 0.5}}
+    sent = cluster.app.send_task(
+        "leases.ends", ("sleep" if how == "terminate" else how,), **options.get(how, {})
+    )
+    wait_for(lambda: any(r["id"] == sent.id for r in cluster.records(STARTS)), 20)
+    if how == "terminate":
+        wait_for(lambda: cluster.holders("leases.ends") != [], 5)
+        cluster.app.control.revoke(sent.id, terminate=True)
+    if how == "retry":  # the retry takes the slot again, then succeeds
+        wait_for(lambda: sent.id in ended_ids(cluster), 20)
+    if how != "ignore":  # Ignore stores no state
+        wait_for(lambda: sent.state not in ("PENDING", "STARTED"), 20)
+    ended = time.monotonic()
+    wait_for(lambda: cluster.holders("leases.ends") == [], 10)
+    freed = time.monotonic() - ended
+    following = cluster.app.send_task("leases.ends", ("success",))
+    assert following.get(timeout=20) == "success"
+    print(f"\nending {how}: {sent.state}, slot free {freed * 1000:.0f} ms after")
+    assert freed < 10  # the lease lasts 30 s: it was given back, not run out
+
+
+def celery_funnel(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {"FUNNEL_TEST_BROKER": url, "FUNNEL_TEST_REDIS": url, "PATH": "/usr/bin:/bin"}
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.integration.lease_proj", "funnel", *args],
+        capture_output=True, text=True, timeout=60, cwd=ROOT, env=env, check=False,
+    )  # fmt: skip
+
+
+def test_status_and_release_lease(cluster: Cluster) -> None:
+    """``celery funnel status`` shows N, in use, the holders and the parked waiters;
+    ``release-lease`` (confirmed) frees a slot, and the waiter runs at once."""
+    cluster.clear()
+    holder = cluster.app.send_task("leases.ends", ("sleep",))
+    wait_for(lambda: any(h.token for h in cluster.holders("leases.ends")), 20)
+    waiter = cluster.app.send_task("leases.ends", ("success",))
+    waiting = cluster.store.waiting
+    wait_for(lambda: waiting(task_key(PREFIX, "leases.ends")) == 1, 20)
+
+    done = celery_funnel(cluster.url, "status", "--json")
+    assert done.returncode == 0, done.stderr
+    (row,) = [r for r in json.loads(done.stdout) if r["name"] == "leases.ends"]
+    assert (row["kind"], row["capacity"], row["in_use"], row["parked"]) == ("concurrency", 1, 1, 1)
+    (slot,) = row["holders"]
+    assert slot["task_id"] == holder.id
+    assert slot["worker"].startswith("w")
+    assert 0 <= slot["age"] < 10
+    assert "(in " in slot["lease_expiry"]
+
+    table = celery_funnel(cluster.url, "status").stdout
+    print(f"\n{table}")
+    assert f"slot: task {holder.id} on w" in table
+
+    refused = celery_funnel(cluster.url, "release-lease", "leases.ends", holder.id)
+    assert refused.returncode != 0  # no --yes, no terminal: no
+    assert waiter.state == "PENDING"
+    freed = celery_funnel(cluster.url, "release-lease", "leases.ends", holder.id, "--yes")
+    assert freed.returncode == 0, freed.stderr
+    assert "1 parked task(s) released" in freed.stdout
+    assert waiter.get(timeout=20) == "success"  # while the holder still sleeps
+    cluster.app.control.revoke(holder.id, terminate=True)
+    wait_for(lambda: cluster.holders("leases.ends") == [], 10)
+
+
+TTL = 3.0  # the lease of the SIGKILL test: renewed every TTL / 3
+
+
+@pytest.fixture(scope="module")
+def short_leases(server: RedisServer) -> Iterator[Cluster]:
+    """Two workers of two pool processes, leases of 3 s, acks_late with a 5 s
+    visibility timeout (the runs a SIGKILL ends come back)."""
+    group = workers(
+        server.url, 2, 2, "k", FUNNEL_TEST_LEASE_TTL=str(TTL), FUNNEL_TEST_VISIBILITY="5"
+    )
+    yield from _cluster(server, group)
+
+
+def test_sigkill_of_a_worker_holding_slots(short_leases: Cluster) -> None:
+    """funnel_concurrency=3, 12 tasks of 1 s; the first worker is SIGKILLed (with its
+    pool) while it holds slots: they return within the TTL plus one renewal interval,
+    every task completes, and never more than 3 run at once."""
+    cluster = short_leases
+    cluster.clear()
+    sent = [cluster.app.send_task("leases.three", (1.0,)).id for _ in range(12)]
+
+    def dying() -> list[Holder]:
+        return [h for h in cluster.holders("leases.three") if h.worker.startswith("k1@")]
+
+    wait_for(lambda: any(h.token for h in dying()), 20)
+    os.killpg(cluster.workers.processes[0].pid, signal.SIGKILL)  # the worker and its pool
+    killed = time.time()
+    wait_for(lambda: not dying(), 20)
+    returned = time.time() - killed
+    wait_for(lambda: ended_ids(cluster) >= set(sent), 60)
+    most = running_peak(cluster, died_at=killed)
+    print(f"\nSIGKILL with leases of {TTL} s: slots back after {returned:.2f} s, peak {most}")
+    assert returned <= TTL + TTL / 3 + 0.5  # the TTL, one renewal, the sweep's call
+    assert most <= 3
+
+
+def test_warm_shutdown_gives_the_slots_back(short_leases: Cluster) -> None:
+    """The worker left is stopped (SIGTERM, warm) while it runs a task: the run ends
+    and its slot is given back; nothing is held after."""
+    cluster = short_leases
+    cluster.clear()
+    sent = cluster.app.send_task("leases.three", (1.0,))
+    wait_for(
+        lambda: any(h.task_id == sent.id and h.token for h in cluster.holders("leases.three")), 20
+    )
+    survivor = cluster.workers.processes[1]
+    survivor.terminate()
+    survivor.wait(30)
+    assert sent.id in ended_ids(cluster)
+    assert cluster.holders("leases.three") == []

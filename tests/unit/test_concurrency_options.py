@@ -1,0 +1,103 @@
+"""Concurrency limits: the options and settings that ask for them, checked with errors
+that name the task or entry, the option and the value; the lease header and keys."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_funnel import ConfigurationError, FunnelTask, install
+from celery_funnel._checks import check_app
+from celery_funnel._concurrency import Concurrency
+from celery_funnel._keys import lease_keys, parse_key, task_key
+from celery_funnel._leases import Lease, Seat
+from celery_funnel._settings import FunnelSettings
+
+
+def settings(limits: Any, **conf: Any) -> FunnelSettings:
+    return FunnelSettings.from_conf(
+        {"funnel_redis_url": "redis://x", "funnel_limits": limits, **conf}
+    )
+
+
+def test_concurrency_in_funnel_limits_alone_or_with_a_rate() -> None:
+    read = settings({
+        "api.*": {"concurrency": 5},
+        "emails.*": {"rate": "10/s", "concurrency": 2, "scope": "worker"},
+    })  # fmt: skip
+    assert read.concurrency == (Concurrency(5, "api.*"), Concurrency(2, "emails.*", "worker"))
+    assert [limit.pattern for limit in read.limits] == ["emails.*"]
+    assert read.limits[0].scope == "worker"
+    assert read.lease_ttl == 30.0
+    assert settings({}, funnel_lease_ttl=5).lease_ttl == 5.0
+
+
+@pytest.mark.parametrize(
+    ("limits", "conf", "message"),
+    [
+        ({"a.*": {"concurrency": 0}}, {}, "funnel_limits['a.*']: 'concurrency' must be an integer"),
+        ({"a.*": {"concurrency": "3"}}, {}, "got '3'"),
+        ({"a.*": {"concurrency": True}}, {}, "got True"),
+        ({"a.*": {"concurrency": 2, "capacity": 3}}, {}, "['capacity'] need a 'rate'"),
+        ({"a.*": {"concurrency": 2, "scope": "node"}}, {}, "scope must be one of"),
+        ({}, {"funnel_lease_ttl": 0}, "funnel_lease_ttl"),
+    ],
+)
+def test_bad_concurrency_settings_are_named(
+    limits: dict[str, Any], conf: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=None) as raised:
+        settings(limits, **conf)
+    assert message in str(raised.value)
+
+
+def app_with(**options: Any) -> Celery:
+    app = install(Celery("concurrency_options", broker="memory://", set_as_current=False))
+    app.conf.funnel_redis_url = "redis://localhost:1"
+
+    @app.task(name="t.run", base=FunnelTask, shared=False, **options)
+    def run(customer: str) -> None:
+        return None
+
+    return app
+
+
+def test_funnel_concurrency_with_a_key_is_sound() -> None:
+    check_app(app_with(funnel_concurrency=2, funnel_key="{customer}"))
+    check_app(app_with(funnel_concurrency=2, funnel_rate="5/s"))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"funnel_concurrency": 0}, "task 't.run': funnel_concurrency must be an integer"),
+        ({"funnel_concurrency": 2.5}, "got 2.5"),
+        ({"funnel_concurrency": 2, "funnel_key": "{client}"}, "names 'client'"),
+        (
+            {"funnel_rate": "1/s", "funnel_limits": [{"rate": "2/s", "concurrency": 2}]},
+            "funnel_limits[0] has 'concurrency'",
+        ),
+        ({"funnel_concurency": 2}, "did you mean 'funnel_concurrency'"),
+    ],
+)
+def test_bad_task_options_fail_at_the_decorator(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        app_with(**options)
+    assert message in str(raised.value)
+
+
+def test_a_lease_travels_in_the_header() -> None:
+    lease = Lease("id-1", "token", (Seat(3, "funnel:{t}", "t"), Seat(1, "funnel:{limit:*}", "l")))
+    assert Lease.from_header("id-1", lease.header()) == lease
+    assert Lease.from_header("id-1", {"gate": "h:1"}) is None
+    assert Lease.from_header("id-1", None) is None
+
+
+def test_lease_keys_share_the_funnels_slot_and_parse() -> None:
+    key = task_key("funnel:", "t.run", "c1")
+    for companion, part in zip(lease_keys(key), ("leases", "lease-info", "waiters"), strict=True):
+        parsed = parse_key("funnel:", companion)
+        assert parsed is not None
+        assert (parsed.funnel, parsed.companion, parsed.name) == (key, part, "t.run:c1")
