@@ -17,7 +17,7 @@ from ._runtime import Runtime, runtime_for
 from ._task_options import concurrency_of
 from .task import FunnelTask
 
-__all__ = ["lease_rows", "release_lease", "show_holders"]
+__all__ = ["lease_funnels", "lease_rows", "release_lease", "show_holders"]
 
 
 def _concurrency(runtime: Runtime, key: FunnelKey) -> int | None:
@@ -32,7 +32,7 @@ def _concurrency(runtime: Runtime, key: FunnelKey) -> int | None:
     return None
 
 
-def _funnels(found: Found) -> list[FunnelKey]:
+def lease_funnels(found: Found) -> list[FunnelKey]:
     """The concurrency funnels among the keys found (those with leases or waiters)."""
     seen = {k.funnel: k for k in found.keys if k.companion in ("leases", "waiters")}
     return [FunnelKey(funnel, k.name, k.rest) for funnel, k in sorted(seen.items())]
@@ -42,7 +42,7 @@ def lease_rows(runtime: Runtime, client: Any, found: Found) -> list[dict[str, An
     """One status row per concurrency funnel found: N, in use, waiting, holders."""
     store = LeaseStore(client, runtime.settings.key_prefix, runtime.settings.lease_ttl)
     rows = []
-    for key in _funnels(found):
+    for key in lease_funnels(found):
         row: dict[str, Any] = {"key": key.key, "name": key.name, "kind": "concurrency"}
         try:
             seconds, micros = client.time()
@@ -93,7 +93,7 @@ def release_lease(ctx: click.Context, name: str, task_id: str, yes: bool) -> Non
         leases = Leases(ctx.obj.app)
         found = resolve(runtime, leases.store.client, name)
         seats = []
-        for key in _funnels(found):
+        for key in lease_funnels(found):
             if any(h.task_id == task_id for h in leases.store.holders(key.key)):
                 seats.append(Seat(_concurrency(runtime, key) or 1, key.key, key.name))
         if not seats:

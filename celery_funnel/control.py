@@ -38,7 +38,7 @@ from ._overrides import Override, parse_ttl
 from ._park import ParkStore
 from ._runtime import Runtime, runtime_for
 from ._scripts import _read
-from ._task_options import limits_of
+from ._task_options import concurrency_of, limits_of
 from ._values import did_you_mean
 from .strategies.gcra import funnel_shape
 from .task import FunnelTask
@@ -49,13 +49,17 @@ LIMIT_PREFIX = "limit:"
 
 
 def funnel_names(app: Any) -> list[str]:
-    """Every funnel name of ``app`` that can be overridden: its FunnelTasks with a limit,
-    then ``limit:<pattern>`` for each worker-wide limit."""
-    runtime = runtime_for(app)
+    """Every funnel name of ``app`` that can be overridden: its FunnelTasks with a limit
+    (a rate, or ``funnel_concurrency``), then ``limit:<pattern>`` for each worker-wide
+    limit (a rate, or a concurrency)."""
+    settings = runtime_for(app).settings
     tasks = sorted(
-        t.name for t in list(app.tasks.values()) if isinstance(t, FunnelTask) and limits_of(t)
+        t.name
+        for t in list(app.tasks.values())
+        if isinstance(t, FunnelTask) and (limits_of(t) or concurrency_of(t) is not None)
     )
-    return tasks + [f"{LIMIT_PREFIX}{limit.pattern}" for limit in runtime.settings.limits]
+    patterns = [x.pattern for x in settings.limits] + [x.pattern for x in settings.concurrency]
+    return tasks + [f"{LIMIT_PREFIX}{p}" for p in dict.fromkeys(patterns) if p is not None]
 
 
 def code_limits(app: Any, name: str) -> tuple[Limit, ...]:

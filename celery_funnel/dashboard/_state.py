@@ -10,8 +10,10 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import control
-from .._cli_view import Failure, describe, find, limit_of
+from .._cli_leases import lease_funnels
+from .._cli_view import Failure, Found, describe, find, limit_of
 from .._keys import FunnelKey, live_key
+from .._leases import LeaseStore
 from .._live import SERIES_KEEP_SECONDS, series_key
 from .._park import ParkStore
 from .._runtime import runtime_for
@@ -22,13 +24,27 @@ WORKER_FRESH_SECONDS = 5.0  # a worker that has not written for this long is gon
 KEYS_SHOWN = 50  # funnel keys (customers) peeked per funnel
 HOUR = 3600
 
-# how many tasks of a funnel run now under a concurrency limit (issue 16's leases),
-# None when it has none: the dashboard shows what the hook returns
+# how many tasks of a funnel run now under a concurrency limit, None when it has none:
+# the dashboard shows what the hook returns (default: the holders of its leases)
 ConcurrencyHook = Callable[[Any, str], "int | None"]
 
 
 def no_concurrency(app: Any, name: str) -> int | None:
+    """The default hook: the dashboard counts the funnel's lease holders itself."""
     return None
+
+
+def _running(app: Any, found: Found, known: Any) -> dict[str, int]:
+    """Lease holders per funnel name, over every key of each concurrency funnel."""
+    runtime = runtime_for(app)
+    settings = runtime.settings
+    store = LeaseStore(runtime.funnel.client, settings.key_prefix, settings.lease_ttl)  # type: ignore[attr-defined]
+    running: dict[str, int] = {}
+    for key in lease_funnels(found):
+        name = control.owner(app, key, known)
+        if name is not None:
+            running[name] = running.get(name, 0) + len(store.holders(key.key))
+    return running
 
 
 def _text(value: str | bytes) -> str:
@@ -85,6 +101,7 @@ def funnel_state(app: Any, hook: ConcurrencyHook = no_concurrency) -> dict[str, 
         owner = control.owner(app, key, known)
         if owner is not None:
             by_name.setdefault(owner, []).append(key)
+    running = _running(app, found, known) if hook is no_concurrency else {}
     rows = []
     for name in control.funnel_names(app):
         override = entries.get(name)
@@ -101,7 +118,7 @@ def funnel_state(app: Any, hook: ConcurrencyHook = no_concurrency) -> dict[str, 
             "level": level,
             "parked": _of(name, parked),
             "waiting": _of(name, waiting),
-            "running": hook(app, name),
+            "running": running.get(name) if hook is no_concurrency else hook(app, name),
         })  # fmt: skip
     return {"now": now, "funnels": rows}
 

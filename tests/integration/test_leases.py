@@ -26,6 +26,7 @@ from celery import Celery
 
 from celery_funnel._keys import task_key
 from celery_funnel._leases import Holder, LeaseStore
+from celery_funnel.dashboard._state import funnel_state
 from celery_funnel.testing import CeleryWorkers, RedisServer, peak
 from tests.integration.lease_proj import ENDS, STARTS, make_app
 from tests.integration.proj import close_app
@@ -233,6 +234,9 @@ def test_status_and_release_lease(cluster: Cluster) -> None:
     assert slot["worker"].startswith("w")
     assert 0 <= slot["age"] < 10
     assert "(in " in slot["lease_expiry"]
+
+    shown = funnel_state(cluster.app)["funnels"]
+    assert [f["running"] for f in shown if f["name"] == "leases.ends"] == [1], "the dashboard"
 
     table = celery_funnel(cluster.url, "status").stdout
     print(f"\n{table}")
