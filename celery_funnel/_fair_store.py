@@ -12,7 +12,6 @@ tenants sorted set (and a weight field when not 1). Admission counts live 4 s.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from importlib import resources
 from typing import Any, NamedTuple
 
 from redis.exceptions import RedisError
@@ -20,6 +19,7 @@ from redis.exceptions import RedisError
 from ._errors import BackendError
 from ._fair import Fair
 from ._keys import fair_keys, fair_registry_key, parked_keys
+from ._store import RedisStore, text
 
 __all__ = ["FairStore", "Popped", "TenantRow", "fair_status"]
 
@@ -56,9 +56,9 @@ def fair_status(client: Any, key: str) -> list[TenantRow]:
         RedisError: when Redis fails.
     """
     keys = fair_keys(key)
-    tenants = [_text(t) for t in client.zrange(keys[2], 0, HEADS - 1)]
+    tenants = [text(t) for t in client.zrange(keys[2], 0, HEADS - 1)]
     second = int(client.time()[0]) - 1
-    counts = {_text(k): int(v) for k, v in client.hgetall(keys[6 + second % 3]).items()}
+    counts = {text(k): int(v) for k, v in client.hgetall(keys[6 + second % 3]).items()}
     if counts.pop("@", None) != second:
         counts = {}
     queue = keys[3]
@@ -70,38 +70,30 @@ def fair_status(client: Any, key: str) -> list[TenantRow]:
     return rows
 
 
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _read(name: str) -> str:
-    folder = resources.files("celery_funnel").joinpath("lua")
-    return folder.joinpath(f"{name}.lua").read_text("utf-8")
-
-
-class FairStore:
+class FairStore(RedisStore):
     """The fair-share state of one app's funnels in ``client`` (redis-py), under
     ``prefix`` (``funnel_key_prefix``).
 
     Raises (every method): ``BackendError`` when Redis fails.
     """
 
+    what = "a fair-share funnel"
+
     def __init__(self, client: Any, prefix: str) -> None:
-        self.client = client
+        super().__init__(client)
         self.parked = [*parked_keys(prefix), fair_registry_key(prefix)]
-        prelude = _read("_clock") + _read("_fair")
         self._admit, self._enqueue, self._pop, self._forget = (
-            client.register_script(prelude + _read(name))
+            self._register("_clock", "_fair", name)
             for name in ("fair_admit", "fair_enqueue", "fair_pop", "fair_forget")
         )
-        self._park = client.register_script(_read("_parked") + _read("park_fair"))
+        self._park = self._register("_parked", "park_fair")
 
     def admit(
         self, key: str, task_id: str, shape: tuple[int, int], grace: tuple[int, int], tenant: str
     ) -> tuple[int, int]:
         """The gate's step on fair funnel ``key`` (``fair_admit.lua``): ``shape`` is
         (increment, tau) µs, ``grace`` (early, late) µs. Returns (status, delay µs)."""
-        reply = self._run(self._admit, fair_keys(key), "", task_id, *shape, *grace, tenant)
+        reply = self._script(self._admit, fair_keys(key), "", task_id, *shape, *grace, tenant)
         return int(reply[0]), int(reply[1])
 
     def enqueue(
@@ -113,15 +105,15 @@ class FairStore:
         weight = f"{fair.weight:.17g}"
         rank, front = order
         args = (task_id, fair.tenant, weight, rank, cost, int(front), *shape)
-        return bool(self._run(self._enqueue, fair_keys(key), *args)[0])
+        return bool(self._script(self._enqueue, fair_keys(key), *args)[0])
 
     def pop(self, key: str, horizon: float, limit: int, late: float) -> Popped:
         """Book the next free slots of fair funnel ``key`` up to ``horizon`` seconds
         ahead for at most ``limit`` waiting tasks (``fair_pop.lua``)."""
         args = ("", round(horizon * US), limit, round(late * US))
-        reply = self._run(self._pop, fair_keys(key), *args)
+        reply = self._script(self._pop, fair_keys(key), *args)
         pairs = zip(reply[2::2], reply[3::2], strict=True)
-        return Popped(int(reply[0]), int(reply[1]), [(_text(i), int(s)) for i, s in pairs])
+        return Popped(int(reply[0]), int(reply[1]), [(text(i), int(s)) for i, s in pairs])
 
     def forget(self, ids: Sequence[str]) -> int:
         """Take tasks that no longer wait parked (purged, released by hand) out of the
@@ -129,44 +121,32 @@ class FairStore:
         if not ids:
             return 0
         return sum(
-            int(self._run(self._forget, fair_keys(key), *ids)[0]) for key in self.enlisted(ENLISTED)
+            int(self._script(self._forget, fair_keys(key), *ids)[0])
+            for key in self.enlisted(ENLISTED)
         )
 
     def due(self, slots: Sequence[tuple[str, int]]) -> list[str]:
         """Make each waiting parked task due at its slot; the ids that no longer wait."""
         args = [value for pair in slots for value in pair]
-        return [_text(i) for i in self._run(self._park, self.parked, "due", *args)]
+        return [text(i) for i in self._script(self._park, self.parked, "due", *args)]
 
     def enlist(self, key: str) -> None:
         """Fair funnel ``key`` has waiting tasks: the dispatchers serve it."""
-        self._run(self._park, self.parked, "enlist", key)
+        self._script(self._park, self.parked, "enlist", key)
 
     def delist(self, key: str, age: float) -> bool:
         """Stop serving ``key`` (seen with no waiting task) unless a task joined its
         queue within ``age`` seconds."""
-        return bool(self._run(self._park, self.parked, "delist", key, round(age * US))[0])
+        return bool(self._script(self._park, self.parked, "delist", key, round(age * US))[0])
 
     def enlisted(self, limit: int, offset: int = 0) -> list[str]:
         """Up to ``limit`` fair funnels with waiting tasks, from the ``offset``-th."""
-        found = self._call("zrange", self.parked[-1], offset, offset + limit - 1)
-        return [_text(k) for k in found]
+        found = self._method("zrange", self.parked[-1], offset, offset + limit - 1)
+        return [text(k) for k in found]
 
     def status(self, key: str) -> list[TenantRow]:
         """See ``fair_status``."""
         try:
             return fair_status(self.client, key)
-        except RedisError as exc:
-            raise BackendError(f"Redis failed on a fair-share funnel: {exc}") from exc
-
-    def _run(self, script: Any, keys: list[str], *args: Any) -> list[Any]:
-        try:
-            reply = script(keys=keys, args=list(args))
-        except RedisError as exc:
-            raise BackendError(f"Redis failed on a fair-share funnel: {exc}") from exc
-        return reply if isinstance(reply, list) else [reply]
-
-    def _call(self, name: str, *args: Any) -> Any:
-        try:
-            return getattr(self.client, name)(*args)
         except RedisError as exc:
             raise BackendError(f"Redis failed on a fair-share funnel: {exc}") from exc

@@ -17,7 +17,6 @@ import logging
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -25,6 +24,7 @@ from redis.exceptions import RedisError
 from ._errors import BackendError
 from ._keys import lease_keys, parked_keys
 from ._park import Release, decode_message
+from ._store import RedisStore, text
 
 __all__ = ["Handed", "Holder", "Lease", "LeaseStore", "Renewal", "Seat", "seats_of"]
 
@@ -102,7 +102,7 @@ class Renewal:
 
 def _handed(seats: Sequence[Seat], items: Iterable[Any]) -> list[Handed]:
     """The waiters a script handed slots, from its "<funnel index>:<task id>" items."""
-    pairs = (_text(item).split(":", 1) for item in items)
+    pairs = (text(item).split(":", 1) for item in items)
     return [(seats[int(index) - 1], task_id) for index, task_id in pairs]
 
 
@@ -111,7 +111,7 @@ def _keys_and_counts(seats: Sequence[Seat]) -> tuple[list[str], list[int]]:
     return keys, [seat.n for seat in seats]
 
 
-class LeaseStore:
+class LeaseStore(RedisStore):
     """The concurrency slots of one app in the funnels' Redis (``client``, redis-py),
     with leases of ``ttl`` seconds; parked waiters live in the parked index under
     ``prefix``.
@@ -119,16 +119,17 @@ class LeaseStore:
     Raises (every method): ``BackendError`` when Redis fails.
     """
 
+    what = "the concurrency slots"
+
     def __init__(self, client: Any, prefix: str, ttl: float) -> None:
-        self.client, self.ttl = client, ttl
-        self.ttl_us = round(ttl * US)
+        super().__init__(client)
+        self.ttl, self.ttl_us = ttl, round(ttl * US)
         self.parked = parked_keys(prefix)
-        prelude = _read("_lease")
         self._acquire, self._enqueue, self._release, self._renew = (
-            client.register_script(prelude + _read(name))
+            self._register("_lease", name)
             for name in ("lease_acquire", "lease_enqueue", "lease_release", "lease_renew")
         )
-        self._wake = client.register_script(_read("_parked") + _read("lease_wake"))
+        self._wake = self._register("_parked", "lease_wake")
 
     def acquire(
         self, seats: Sequence[Seat], task_id: str, worker: str
@@ -137,21 +138,23 @@ class LeaseStore:
         (None: refused, nothing taken) and the waiters this call handed a slot."""
         token = uuid.uuid4().hex
         keys, counts = _keys_and_counts(seats)
-        reply = self._run(self._acquire, keys, task_id, f"{token}|{worker}", self.ttl_us, *counts)
+        reply = self._script(
+            self._acquire, keys, task_id, f"{token}|{worker}", self.ttl_us, *counts
+        )
         lease = Lease(task_id, token, tuple(seats)) if int(reply[0]) else None
         return lease, _handed(seats, reply[2:])
 
     def enqueue(self, seats: Sequence[Seat], task_id: str) -> list[Handed]:
         """Queue parked ``task_id`` for a slot in ``seats``; the waiters handed one."""
         keys, counts = _keys_and_counts(seats)
-        return _handed(seats, self._run(self._enqueue, keys, task_id, self.ttl_us, *counts))
+        return _handed(seats, self._script(self._enqueue, keys, task_id, self.ttl_us, *counts))
 
     def release(self, seats: Sequence[Seat], task_id: str, token: str) -> tuple[int, list[Handed]]:
         """Give back the slots ``task_id`` holds under ``token`` ("": a slot handed to
         it while parked, and its place in the queue; "*": whatever holds them). How
         many were given back, and the waiters handed them."""
         keys, counts = _keys_and_counts(seats)
-        reply = self._run(self._release, keys, task_id, token, self.ttl_us, *counts)
+        reply = self._script(self._release, keys, task_id, token, self.ttl_us, *counts)
         return int(reply[0]), _handed(seats, reply[1:])
 
     def renew(self, funnels: Sequence[Seat], held: dict[str, list[tuple[str, str]]]) -> Renewal:
@@ -161,7 +164,7 @@ class LeaseStore:
         for seat in funnels:
             pairs = held.get(seat.key, [])
             args += [str(seat.n), str(len(pairs)), *(item for pair in pairs for item in pair)]
-        reply = [_text(item) for item in self._run(self._renew, keys, *args)]
+        reply = [text(item) for item in self._script(self._renew, keys, *args)]
         count = int(reply[0])
         gone = []
         for item in reply[1 : 1 + count]:
@@ -182,47 +185,24 @@ class LeaseStore:
         except RedisError as exc:
             raise BackendError(f"Redis failed on the parked tasks: {exc}") from exc
         count = int(reply[0])
-        missing = [_text(i) for i in reply[1 : 1 + count]]
+        missing = [text(i) for i in reply[1 : 1 + count]]
         rest = reply[1 + count :]
         pairs = zip(rest[0::2], rest[1::2], strict=True)
-        return missing, [Release(_text(i), token, decode_message(m)) for i, m in pairs]
+        return missing, [Release(text(i), token, decode_message(m)) for i, m in pairs]
 
     def holders(self, key: str) -> list[Holder]:
         """Who holds the slots of concurrency funnel ``key``, oldest lease end first."""
         leases, info, _ = lease_keys(key)
-        pairs = self._call("zrange", leases, 0, -1, withscores=True)
-        values = self._call("hmget", info, [i for i, _ in pairs]) if pairs else []
+        pairs = self._method("zrange", leases, 0, -1, withscores=True)
+        values = self._method("hmget", info, [i for i, _ in pairs]) if pairs else []
         found = []
         for (task_id, ends), value in zip(pairs, values, strict=True):
-            token, _, rest = _text(value or "").partition("|")
+            token, _, rest = text(value or "").partition("|")
             worker, _, started = rest.rpartition("|")
             begun = int(started) / US if started.isdigit() else None
-            found.append(Holder(_text(task_id), token, worker, begun, float(ends) / US))
+            found.append(Holder(text(task_id), token, worker, begun, float(ends) / US))
         return found
 
     def waiting(self, key: str) -> int:
         """How many parked tasks wait for a slot of concurrency funnel ``key``."""
-        return int(self._call("zcard", lease_keys(key)[2]))
-
-    def _run(self, script: Any, keys: list[str], *args: Any) -> list[Any]:
-        try:
-            reply = script(keys=keys, args=list(args))
-        except RedisError as exc:
-            raise BackendError(f"Redis failed on the concurrency slots: {exc}") from exc
-        return reply if isinstance(reply, list) else [reply]
-
-    def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return getattr(self.client, name)(*args, **kwargs)
-        except RedisError as exc:
-            raise BackendError(f"Redis failed on the concurrency slots: {exc}") from exc
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _read(name: str) -> str:
-    return (
-        resources.files("celery_funnel").joinpath("lua").joinpath(f"{name}.lua").read_text("utf-8")
-    )
+        return int(self._method("zcard", lease_keys(key)[2]))

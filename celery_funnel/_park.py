@@ -29,16 +29,14 @@ import json
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 from kombu.entity import Queue
 from kombu.messaging import Producer
-from redis.exceptions import RedisError
 
-from ._errors import BackendError
 from ._fair_store import FairStore
 from ._keys import parked_keys
+from ._store import RedisStore, text
 
 __all__ = ["ParkStore", "Parked", "Release", "capture"]
 
@@ -122,19 +120,21 @@ def decode_message(text: str | bytes) -> dict[str, Any]:
     return message
 
 
-class ParkStore:
+class ParkStore(RedisStore):
     """The parked tasks of one app, in the funnels' Redis (``client``, redis-py), under
     ``prefix`` (``funnel_key_prefix``).
 
     Raises (every method): ``BackendError`` when Redis fails.
     """
 
+    what = "the parked tasks"
+
     def __init__(self, client: Any, prefix: str) -> None:
-        self.client, self.prefix = client, prefix
+        super().__init__(client)
+        self.prefix = prefix
         self.keys = parked_keys(prefix)
-        prelude = _read("_parked")
         self._park, self._claim, self._done, self._accept, self._purge = (
-            client.register_script(prelude + _read(name))
+            self._register("_parked", name)
             for name in ("park", "park_claim", "park_done", "park_accept", "park_purge")
         )
 
@@ -145,7 +145,9 @@ class ParkStore:
         was released and accepted already): the caller drops it."""
         wait_us = max(round(wait * US), 0)
         label = str(message["meta"]["funnel"])
-        reply = self._run(self._park, task_id, wait_us, encode_message(message), token, label)
+        reply = self._script(
+            self._park, self.keys, task_id, wait_us, encode_message(message), token, label
+        )
         return bool(reply[0])
 
     def claim(
@@ -157,49 +159,51 @@ class ParkStore:
         the next release is -1 when nothing waits), and the claims."""
         token = uuid.uuid4().hex
         args = (round(lead * US), round(lease * US), limit, token, round(keep * US))
-        reply = self._run(self._claim, *args)
+        reply = self._script(self._claim, self.keys, *args)
         pairs = zip(reply[2::2], reply[3::2], strict=True)
-        releases = [Release(_text(i), token, decode_message(m)) for i, m in pairs]
+        releases = [Release(text(i), token, decode_message(m)) for i, m in pairs]
         following = float(reply[0]) / US if int(reply[0]) >= 0 else -1.0
         return following, float(reply[1]) / US, releases
 
     def done(self, release: Release) -> bool:
         """``release`` was published: forget its entry (unless parked again since)."""
-        return bool(self._run(self._done, release.task_id, release.token)[0])
+        return bool(self._script(self._done, self.keys, release.task_id, release.token)[0])
 
     def accept(self, task_id: str, token: str, *, drop: bool = False) -> bool:
         """A worker received a copy of a release: True to run it, False when another copy
         of the same release was accepted (drop this one). ``drop``: the task was
         revoked; record the release as done and run nothing."""
-        return bool(self._run(self._accept, task_id, token, "drop" if drop else "")[0])
+        return bool(
+            self._script(self._accept, self.keys, task_id, token, "drop" if drop else "")[0]
+        )
 
     def count(self) -> int:
         """How many tasks are parked (those being released included)."""
-        return int(self._call("HLEN", self.keys[1]))
+        return int(self._method("execute_command", "HLEN", self.keys[1]))
 
     def counts(self) -> dict[str, int]:
         """How many tasks each funnel label holds parked."""
-        raw = self._call_method("hgetall", self.keys[7])
-        return {_text(k): int(v) for k, v in raw.items() if int(v) > 0}
+        raw = self._method("hgetall", self.keys[7])
+        return {text(k): int(v) for k, v in raw.items() if int(v) > 0}
 
     def entries(self, limit: int = 1000, label: str | None = None) -> list[Parked]:
         """Up to ``limit`` parked tasks (of funnel ``label`` only, when given), the next to
         be released first; at most ``PAGES`` pages of the release order are read."""
         found: list[Parked] = []
         for page in range(PAGES):
-            pairs = self._call_method(
+            pairs = self._method(
                 "zrange", self.keys[0], page * PAGE, (page + 1) * PAGE - 1, withscores=True
             )
             if not pairs:
                 break
-            texts = self._call("HMGET", self.keys[1], *[i for i, _ in pairs])
-            for (task_id, score), text in zip(pairs, texts, strict=True):
-                if text is None:
+            texts = self._method("execute_command", "HMGET", self.keys[1], *[i for i, _ in pairs])
+            for (task_id, score), raw in zip(pairs, texts, strict=True):
+                if raw is None:
                     continue
-                meta = json.loads(text)["meta"]
+                meta = json.loads(raw)["meta"]
                 if label is None or meta["funnel"] == label:
                     found.append(Parked(
-                        _text(task_id), float(score) / US, meta["task"], meta["funnel"],
+                        text(task_id), float(score) / US, meta["task"], meta["funnel"],
                         meta.get("priority"), meta["parked_at"],
                     ))  # fmt: skip
                 if len(found) >= limit:
@@ -213,7 +217,7 @@ class ParkStore:
         ids = [p.task_id for p in self.entries(PAGE * PAGES, label)]
         action = "release" if release else "purge"
         done = sum(
-            int(self._run(self._purge, action, *ids[start : start + PAGE])[0])
+            int(self._script(self._purge, self.keys, action, *ids[start : start + PAGE])[0])
             for start in range(0, len(ids), PAGE)
         )
         if not release:  # purged fair-share tasks leave their queues: no slot for them
@@ -221,31 +225,3 @@ class ParkStore:
             for start in range(0, len(ids), PAGE):
                 fair.forget(ids[start : start + PAGE])
         return done
-
-    def _run(self, script: Any, *args: Any) -> list[Any]:
-        try:
-            reply = script(keys=self.keys, args=list(args))
-        except RedisError as exc:
-            raise BackendError(f"Redis failed on the parked tasks: {exc}") from exc
-        return reply if isinstance(reply, list) else [reply]
-
-    def _call_method(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return getattr(self.client, name)(*args, **kwargs)
-        except RedisError as exc:
-            raise BackendError(f"Redis failed on the parked tasks: {exc}") from exc
-
-    def _call(self, *command: Any) -> Any:
-        try:
-            return self.client.execute_command(*command)
-        except RedisError as exc:
-            raise BackendError(f"Redis failed on the parked tasks: {exc}") from exc
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _read(name: str) -> str:
-    folder = resources.files("celery_funnel").joinpath("lua")
-    return folder.joinpath(f"{name}.lua").read_text("utf-8")
