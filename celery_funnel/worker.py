@@ -21,12 +21,9 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
-from datetime import datetime, timezone
 from typing import Any
 
-from billiard.einfo import ExceptionInfo  # type: ignore[import-untyped]
 from celery import bootsteps
-from celery import signals as celery_signals
 from celery.worker.state import task_ready
 
 from ._charges import Charges
@@ -54,6 +51,7 @@ from ._live import live_for
 from ._outage import BACKOFF_FIRST_SECONDS
 from ._parking import Parking
 from ._republish import republish
+from ._requests import fail_request, until_expiry
 from ._runtime import Runtime, runtime_for
 from ._seats import Seats
 from ._slot_gate import SlotWaits
@@ -63,9 +61,6 @@ from .task import FunnelTask, limits_of
 __all__ = ["FunnelGate", "WorkerGate"]
 
 logger = logging.getLogger("celery_funnel")
-
-# held until its expiry is this much past, so that Celery sees it expired
-EXPIRY_MARGIN_SECONDS = 0.01
 
 
 class WorkerGate(SlotWaits):
@@ -106,7 +101,7 @@ class WorkerGate(SlotWaits):
     def _subject(self, request: Any) -> Subject:
         settings = self.runtime.settings
         task = request.task
-        until = _until_expiry(request)
+        until = until_expiry(request)
         expires_in = None if math.isinf(until) else until
         if isinstance(task, FunnelTask):
             policy = policy_of(task, settings.on_backend_error)
@@ -171,10 +166,10 @@ class WorkerGate(SlotWaits):
         budget = policy.cap - step.state.waited
         # a booked slot is honoured a little early: aim there, timers fire late
         aim = step.delay - lead(charges) if step.booked else step.delay
-        hold = min(max(aim, 0.0), _until_expiry(request))
+        hold = min(max(aim, 0.0), until_expiry(request))
         subject = self._subject(request)
         label = label_of(charges)
-        until = _until_expiry(request)
+        until = until_expiry(request)
         if step.queued or self.parking.wants(step.delay, until, outage=step.outage):
             report_wait(
                 self.runtime, subject, label, step, requeued=True,
@@ -199,7 +194,7 @@ class WorkerGate(SlotWaits):
     def _republish(self, request: Any, charges: Sequence[Charge], step: Step) -> None:
         """Publish the task again for the capped countdown; ack the original after."""
         # never past its expiry: it then arrives expired, and ends as Celery ends those
-        countdown = min(self.runtime.countdowns.countdown(step.delay), _until_expiry(request))
+        countdown = min(self.runtime.countdowns.countdown(step.delay), until_expiry(request))
         try:
             republish(
                 request.task, request._context, request.args, request.kwargs,
@@ -255,23 +250,8 @@ class WorkerGate(SlotWaits):
                 request.name, request.id, type(error).__name__, error,
             )  # fmt: skip
         self.held.forget(request.id)
-        try:
-            raise error
-        except BaseException:  # only to capture the traceback
-            info = ExceptionInfo()
-        task = request.task
         self.held.backend_of(request)
-        task.backend.mark_as_failure(
-            request.id, error, info.traceback, request=request._context,
-            store_result=request.store_errors,
-        )  # fmt: skip
-        celery_signals.task_failure.send(
-            sender=task, task_id=request.id, exception=error, args=request.args,
-            kwargs=request.kwargs, traceback=info.traceback, einfo=info,
-        )  # fmt: skip
-        request.send_event("task-failed", exception=repr(error), traceback=info.traceback)
-        request.acknowledge()
-        task_ready(request)
+        fail_request(request, error)
 
     def close(self) -> None:
         """Stop sweeping; give back the slots still held; close the result-backend
@@ -288,16 +268,6 @@ class WorkerGate(SlotWaits):
             dispatcher.send(type_, uuid=request.id, **fields)
 
         return send
-
-
-def _until_expiry(request: Any) -> float:
-    """Seconds until ``request`` expires (a hair past it), or infinity."""
-    expires = request.expires
-    if expires is None:
-        return float("inf")
-    now = datetime.now(timezone.utc if expires.tzinfo else None)
-    left: float = (expires - now).total_seconds()
-    return max(left, 0.0) + EXPIRY_MARGIN_SECONDS
 
 
 def check_tasks(app: Any) -> None:
