@@ -39,7 +39,9 @@ def test_two_workers_share_one_funnel_on_rabbitmq(
     env = worker_env(amqp_url, redis_url, queue, FUNNEL_TEST_QUORUM="1" if quorum else "0")
     app = make_app(amqp_url, redis_url, queue=queue, quorum=quorum)
     try:
-        with CeleryWorkers("tests.integration.proj", 2, env, "-c", "2", "-Q", queue, cwd=ROOT):
+        with CeleryWorkers(
+            "tests.integration.proj", 2, env, "-c", "2", "-Q", queue, cwd=ROOT, prefix=f"{queue}-w"
+        ):
             results = [app.tasks["proj.limited"].delay(i) for i in range(20)]
             assert sorted(r.get(timeout=90) for r in results) == list(range(20))
         recorded = [r for r in runs(redis_url) if r["name"] == "proj.limited"]
@@ -92,7 +94,9 @@ def test_connection_cut_while_tasks_are_held_runs_each_once_on_rabbitmq(
     env = worker_env(amqp_url, redis_url, queue, FUNNEL_TEST_LIMITS='{"proj.plain": "2/s"}')
     app = make_app(amqp_url, redis_url, queue=queue, task_ignore_result=True)
     try:
-        with CeleryWorkers("tests.integration.proj", 1, env, "-c", "2", "-Q", queue, cwd=ROOT) as w:
+        with CeleryWorkers(
+            "tests.integration.proj", 1, env, "-c", "2", "-Q", queue, cwd=ROOT, prefix=f"{queue}-w"
+        ) as w:
             w.wait_ready()
             ids = {app.tasks["proj.plain"].delay(i).id for i in range(16)}
             wait_for(lambda: len(runs(redis_url)) >= 3, 30)

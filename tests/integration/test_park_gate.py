@@ -141,7 +141,9 @@ def test_parked_tasks_are_released_to_their_rabbitmq_queue(
     }  # fmt: skip
     app = make_app(amqp_url, standalone_url, queue=queue, quorum=quorum, task_ignore_result=True)
     try:
-        with CeleryWorkers("tests.integration.proj", 2, env, "-c", "2", "-Q", queue, cwd=ROOT):
+        with CeleryWorkers(
+            "tests.integration.proj", 2, env, "-c", "2", "-Q", queue, cwd=ROOT, prefix=f"{queue}-w"
+        ):
             sent = send(app, "proj.steady", 30)
             wait_for(partial(ran_at_least, standalone_url, 30), 90)
         recorded = once_each(standalone_url, "proj.steady", set(sent))
