@@ -25,7 +25,7 @@ from ._fair_gate import Dispatcher
 from ._fair_store import FairStore
 from ._park import ParkStore, Release
 from ._runtime import runtime_for
-from ._task_options import HEADER
+from ._task_options import HEADER, limits_of
 
 __all__ = ["Releaser", "ReleaserStep", "park_store", "publish"]
 
@@ -75,7 +75,9 @@ class Releaser:
     ) -> None:
         self.app, self.store, self.lease, self.lead = app, store, lease, lead
         prefix = runtime_for(app).settings.key_prefix
-        self.dispatcher = Dispatcher(FairStore(store.client, prefix))
+        # only an app with a fair-share funnel dispatches: others release as before
+        fair = _has_fair_funnel(app)
+        self.dispatcher = Dispatcher(FairStore(store.client, prefix)) if fair else None
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="celery-funnel-releaser")
         self._thread.daemon = True
@@ -118,7 +120,7 @@ class Releaser:
 
     def tick(self) -> float:
         """One pass; how long to pause before the next (seconds)."""
-        fair = self.dispatcher.tick()
+        fair = self.dispatcher.tick() if self.dispatcher is not None else None
         pause = self._release()
         return pause if fair is None else min(pause, fair)
 
@@ -135,6 +137,17 @@ class Releaser:
         if following < 0:
             return IDLE_SECONDS
         return min(max(following - self.lead - now, 0.01), IDLE_SECONDS)
+
+
+def _has_fair_funnel(app: Any) -> bool:
+    """Whether a task of ``app`` has a fair-share funnel (``funnel_fair_by``)."""
+    for task in list(app.tasks.values()):
+        try:
+            if any(limit.fair_by is not None for limit in limits_of(task)):
+                return True
+        except Exception:  # a bad option stops the worker elsewhere, named
+            continue
+    return False
 
 
 def park_store(app: Any) -> ParkStore | None:
