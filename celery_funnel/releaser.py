@@ -24,7 +24,7 @@ from ._fair_store import FairStore
 from ._loop import Loop, LoopStep
 from ._park import ParkStore, Release
 from ._runtime import runtime_for
-from ._task_options import HEADER
+from ._task_options import HEADER, limits_of
 
 __all__ = ["Releaser", "ReleaserStep", "park_store", "publish"]
 
@@ -78,7 +78,9 @@ class Releaser(Loop):
         super().__init__()
         self.app, self.store, self.lease, self.lead = app, store, lease, lead
         prefix = runtime_for(app).settings.key_prefix
-        self.dispatcher = Dispatcher(FairStore(store.client, prefix))
+        # only an app with a fair-share funnel dispatches: others release as before
+        fair = _has_fair_funnel(app)
+        self.dispatcher = Dispatcher(FairStore(store.client, prefix)) if fair else None
 
     def failed(self, error: Exception) -> None:
         # an outage of the funnels' Redis is reported once by the gates (WARNING)
@@ -96,7 +98,7 @@ class Releaser(Loop):
 
     def tick(self) -> float:
         """One pass; how long to pause before the next (seconds)."""
-        fair = self.dispatcher.tick()
+        fair = self.dispatcher.tick() if self.dispatcher is not None else None
         pause = self._release()
         return pause if fair is None else min(pause, fair)
 
@@ -113,6 +115,17 @@ class Releaser(Loop):
         if following < 0:
             return IDLE_SECONDS
         return min(max(following - self.lead - now, 0.01), IDLE_SECONDS)
+
+
+def _has_fair_funnel(app: Any) -> bool:
+    """Whether a task of ``app`` has a fair-share funnel (``funnel_fair_by``)."""
+    for task in list(app.tasks.values()):
+        try:
+            if any(limit.fair_by is not None for limit in limits_of(task)):
+                return True
+        except Exception:  # a bad option stops the worker elsewhere, named
+            continue
+    return False
 
 
 def park_store(app: Any) -> ParkStore | None:
