@@ -14,16 +14,32 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 from ._gate import Charge
 from ._limit import Limit
 from ._runtime import Runtime
 
-__all__ = ["MAPS", "Charges"]
+__all__ = ["MAPS", "Charges", "matching"]
 
 MAPS = ("celery.map", "celery.starmap")
+
+
+class _Patterned(Protocol):
+    @property
+    def pattern(self) -> str | None: ...
+
+
+P = TypeVar("P", bound=_Patterned)
+
+
+def matching(entries: Iterable[P], name: str) -> tuple[P, ...]:
+    """The worker-wide entries (``funnel_limits``: rates, concurrency) whose pattern
+    matches task ``name``."""
+    return tuple(
+        e for e in entries if e.pattern is not None and fnmatch.fnmatchcase(name, e.pattern)
+    )
 
 
 class Charges:
@@ -37,11 +53,7 @@ class Charges:
     def worker_limits(self, name: str) -> tuple[Limit, ...]:
         """Every worker-wide limit whose pattern matches task ``name``."""
         if name not in self._by_name:
-            self._by_name[name] = tuple(
-                limit
-                for limit in self.runtime.settings.limits
-                if limit.pattern is not None and fnmatch.fnmatchcase(name, limit.pattern)
-            )
+            self._by_name[name] = matching(self.runtime.settings.limits, name)
         return self._by_name[name]
 
     def key(self, limit: Limit) -> str:

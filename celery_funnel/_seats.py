@@ -9,10 +9,10 @@ A run needs a slot in its FunnelTask's ``funnel_concurrency`` funnel (one per
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ._charges import matching
 from ._concurrency import Concurrency
 from ._errors import ConfigurationError
 from ._lease_keeper import Leases, leases_for
@@ -57,11 +57,7 @@ class Seats:
 
     def _worker_wide(self, name: str) -> tuple[Concurrency, ...]:
         if name not in self._by_name:
-            self._by_name[name] = tuple(
-                limit
-                for limit in self.runtime.settings.concurrency
-                if limit.pattern is not None and fnmatch.fnmatchcase(name, limit.pattern)
-            )
+            self._by_name[name] = matching(self.runtime.settings.concurrency, name)
         return self._by_name[name]
 
     def of(
