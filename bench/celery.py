@@ -6,7 +6,7 @@
    same load on a plain task limited by ``funnel_limits``: tasks lost, run twice,
    admitted rate, the most starts in any one second, re-queues per deferred task.
 2. Overhead: never-limited FunnelTask no-ops against plain no-ops on the same worker
-   and broker (prefork and solo pools), in alternating rounds of one run; tasks per
+   and broker (prefork and threads pools, concurrency 2), in alternating rounds of one run; tasks per
    second and the median ratio of neighbouring rounds.
 
     python bench/celery.py [--tasks 40] [--noops 300] [--rounds 16]
@@ -77,7 +77,7 @@ def throughput(url: str, noops: int, rounds: int, pool: str) -> dict[str, float]
     app = make_app(url, url)
     names = ("proj.noop_plain", "proj.noop_funnel")
     rates: dict[str, list[float]] = {name: [] for name in names}
-    options = ["-P", pool, "-Q", "proj", *(["-c", "2"] if pool == "prefork" else [])]
+    options = ["-P", pool, "-Q", "proj", *(["-c", "2"] if pool in ("prefork", "threads") else [])]
     with CeleryWorkers("tests.integration.proj", 1, env, *options, cwd=str(ROOT)):
         for name in names:  # warm up both paths
             for r in [app.tasks[name].delay() for _ in range(50)]:
@@ -127,17 +127,21 @@ def correctness_table(url: str, tasks: int) -> str:
     return "\n".join(lines)
 
 
-def overhead_table(url: str, noops: int, rounds: int) -> str:
-    """Never-limited FunnelTask against plain tasks, prefork and solo pools."""
+def overhead(url: str, noops: int, rounds: int) -> dict[str, dict[str, float]]:
+    """``throughput`` on the prefork and threads pools."""
+    return {pool: throughput(url, noops, rounds, pool) for pool in ("prefork", "threads")}
+
+
+def overhead_table(results: dict[str, dict[str, float]], noops: int, rounds: int) -> str:
+    """Never-limited FunnelTask against plain tasks, per pool (``overhead``)."""
     lines = [
-        f"Never-limited no-ops on 1 worker, {rounds} alternating rounds of {noops} each"
-        " (median of paired ratios, range in brackets)",
+        f"Never-limited no-ops on 1 worker (concurrency 2), {rounds} alternating rounds of"
+        f" {noops} each, sent and waited for (median of paired ratios, range in brackets)",
         "",
         "| pool | plain tasks/s | FunnelTask tasks/s | FunnelTask / plain |",
         "| --- | ---: | ---: | ---: |",
     ]
-    for pool in ("prefork", "solo"):
-        t = throughput(url, noops, rounds, pool)
+    for pool, t in results.items():
         lines.append(
             f"| {pool} | {t['plain']:.0f} | {t['funnel']:.0f} |"
             f" {t['ratio']:.3f} [{t['low']:.2f}-{t['high']:.2f}] |"
@@ -154,7 +158,8 @@ def main() -> None:
     with RedisServer() as server:
         print(correctness_table(server.url, args.tasks))
         print()
-        print(overhead_table(server.url, args.noops, args.rounds))
+        results = overhead(server.url, args.noops, args.rounds)
+        print(overhead_table(results, args.noops, args.rounds))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@
     python bench/run.py [--quick]     # --quick: short runs, to check the harness
 
 Sections: per decision (celery-funnel's limiters, limits and pyrate-limiter on the same
-Redis and connection), Celery overhead (prefork and solo), shared-limit correctness on
+Redis and connection), the gate's cost per task in one worker, Celery overhead (prefork
+and threads), shared-limit correctness on
 real workers, distributed accuracy over a minute (2 and 4 workers; reservation on, off,
 and Celery's rate_limit), and Redis memory per funnel at 100 000 funnels. Each part
 starts its own private redis-server; nothing needs to be running.
@@ -32,6 +33,7 @@ import redis
 
 from bench import accuracy, core, memory
 from bench import celery as celery_bench
+from bench import worker as worker_bench
 from celery_funnel.testing import RedisServer
 
 ROOT = HERE.parent
@@ -56,7 +58,16 @@ def unpin() -> None:
         os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
 
 
-def section_core(calls: int, rounds: int) -> str:
+Headline = list[tuple[str, str, str]]
+"""README rows: (figure, measured in this run, target or what to compare with)."""
+
+
+def _ratios(rows: dict[str, dict[str, float]], prefix: str, field: str) -> str:
+    got = [r[field] for name, r in rows.items() if name.startswith(prefix)]
+    return f"{min(got):.2f}-{max(got):.2f}" if got else "not installed"
+
+
+def section_core(calls: int, rounds: int) -> tuple[str, Headline]:
     with RedisServer() as server:
         if server.process is not None:
             core.pin(server.process.pid)
@@ -66,31 +77,105 @@ def section_core(calls: int, rounds: int) -> str:
             unpin()
         version = server.version
     core.plot(rows, PLOTS / "per_decision.png")
-    return (
+    floor = rows[core.FLOOR]["server"]
+    ours = [n for n in rows if n.startswith(core.OURS)]
+    headline = [
+        ("GCRA decision, client p50 / PING p50 (same connection)",
+         f"{rows['gcra throttle (admitted)']['ratio']:.3f}",
+         f"at most 1.15; limits {_ratios(rows, 'limits', 'ratio')},"
+         f" pyrate-limiter {_ratios(rows, 'pyrate', 'ratio')}"),
+        ("server µs per decision, and / TIME+GET+SET floor script"
+         f" ({floor:.2f} µs)",
+         "; ".join(f"{n} {rows[n]['server']:.2f} ({rows[n]['server'] / floor:.2f}x)" for n in ours),
+         f"GCRA at most 1.2x the floor; limits {_ratios(rows, 'limits', 'server')} µs,"
+         f" pyrate-limiter {_ratios(rows, 'pyrate', 'server')} µs"),
+        ("round trips (EVALSHA) per decision, every row",
+         f"{max(rows[n]['scripts'] for n in ours):.2f}", "1"),
+    ]  # fmt: skip
+    body = (
         core.table(rows, version, calls, rounds)
         + "\n\n![per decision](bench/plots/per_decision.png)"
     )
+    return body, headline
 
 
-def section_celery(tasks: int, noops: int, rounds: int) -> str:
+def section_worker(tasks: int, rounds: int) -> tuple[str, Headline]:
+    unpin()
+    with RedisServer() as server:
+        results = worker_bench.run(server.url, tasks, rounds, ["prefork", "threads"])
+        version = server.version
+    headline = [
+        (f"time per task in one worker / plain Celery's, {row}",
+         ", ".join(f"{pool} {results[f'{pool}: {row}']['ratio']:.3f}"
+                   f" [{results[f'{pool}: {row}']['low']:.2f}-{results[f'{pool}: {row}']['high']:.2f}]"
+                   for pool in ("prefork", "threads")),
+         "at most 1.15")
+        for row in ("FunnelTask, never limited", "funnel_limits, never limited")
+    ]  # fmt: skip
+    return worker_bench.table(results, tasks, rounds, version), headline
+
+
+def section_celery(tasks: int, noops: int, rounds: int) -> tuple[str, Headline]:
     with RedisServer() as server:
         correctness = celery_bench.correctness_table(server.url, tasks)
-        overhead = celery_bench.overhead_table(server.url, noops, rounds)
-    return correctness + "\n\n" + overhead
+        results = celery_bench.overhead(server.url, noops, rounds)
+    headline = [
+        ("end-to-end throughput, never-limited FunnelTask / plain task",
+         ", ".join(f"{pool} {r['ratio']:.3f} [{r['low']:.2f}-{r['high']:.2f}]"
+                   for pool, r in results.items()),
+         "at least 0.95"),
+    ]  # fmt: skip
+    overhead = celery_bench.overhead_table(results, noops, rounds)
+    return correctness + "\n\n" + overhead, headline
 
 
-def section_accuracy(seconds: float, workers: list[int]) -> str:
+def section_accuracy(seconds: float, workers: list[int]) -> tuple[str, Headline]:
     results = accuracy.run(workers, seconds, "20/s")
     accuracy.plot(results, seconds, "20/s", PLOTS / "accuracy.png")
-    return accuracy.table(results, seconds, "20/s") + "\n\n![accuracy](bench/plots/accuracy.png)"
+    headline = [
+        (f"one 20/s limit, {seconds:g} s, {'/'.join(map(str, workers))} workers: starts per second",
+         " / ".join(f"{results[n, 'funnel, reservation on']['rate']:.2f}" for n in workers),
+         "Celery rate_limit: " + " / ".join(
+             f"{results[n, 'Celery rate_limit (per worker)']['rate']:.2f}" for n in workers)),
+    ]  # fmt: skip
+    body = accuracy.table(results, seconds, "20/s") + "\n\n![accuracy](bench/plots/accuracy.png)"
+    return body, headline
 
 
-def section_memory(keys: int) -> str:
+def section_memory(keys: int) -> tuple[str, Headline]:
     with RedisServer() as server:
         rows = memory.run(server.url, keys)
         version = server.version
     memory.plot(rows, PLOTS / "memory.png")
-    return memory.table(rows, version, keys) + "\n\n![memory](bench/plots/memory.png)"
+    headline = [
+        (
+            f"Redis memory per funnel, {keys} funnels",
+            ", ".join(f"{name} {r['bytes']:.0f} B" for name, r in rows.items()),
+            "",
+        ),
+    ]
+    return memory.table(rows, version, keys) + "\n\n![memory](bench/plots/memory.png)", headline
+
+
+README_START = "<!-- bench/run.py writes this table: do not edit it by hand -->"
+README_END = "<!-- end of the table bench/run.py writes -->"
+
+
+def write_readme(headline: Headline, command: str) -> None:
+    """The README's headline table, between its two markers, from this run."""
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    start, end = text.index(README_START) + len(README_START), text.index(README_END)
+    lines = [
+        "",
+        f"Generated by `{command}`: {machine()}.",
+        "",
+        "| figure | measured | target, or the others in the same run |",
+        "| --- | --- | --- |",
+        *(f"| {figure} | {measured} | {target} |" for figure, measured, target in headline),
+        "",
+    ]
+    readme.write_text(text[:start] + "\n".join(lines) + text[end:])
 
 
 def write(sections: list[tuple[str, str, str]], started: float, command: str) -> None:
@@ -113,20 +198,27 @@ def main() -> None:
     quick = args.quick
     started = time.monotonic()
     PLOTS.mkdir(exist_ok=True)
-    steps: list[tuple[str, str, Callable[[], str]]] = [
-        ("Per decision", CORE, partial(section_core, *((300, 1) if quick else (2000, 3)))),
+    steps: list[tuple[str, str, Callable[[], tuple[str, Headline]]]] = [
+        ("Per decision", CORE, partial(section_core, *((300, 1) if quick else (2000, 5)))),
+        ("The gate's cost per task in one worker", WORKER,
+         partial(section_worker, *((300, 1) if quick else (2000, 5)))),
         ("Celery: correctness and overhead", CELERY,
          partial(section_celery, *((12, 50, 2) if quick else (40, 300, 16)))),
         ("Distributed accuracy", ACCURACY,
          partial(section_accuracy, *((5.0, [2]) if quick else (60.0, [2, 4])))),
         ("Memory", MEMORY, partial(section_memory, 2000 if quick else 100_000)),
     ]  # fmt: skip
-    sections = []
+    sections, headline = [], []
     for title, text, step in steps:
         print(f"{title} ...", flush=True)
-        sections.append((title, text, step()))
-        print(sections[-1][2], flush=True)
-    write(sections, started, "python3 dev.py bench" + (" --quick" if quick else ""))
+        body, rows = step()
+        sections.append((title, text, body))
+        headline += rows
+        print(body, flush=True)
+    command = "python3 dev.py bench" + (" --quick" if quick else "")
+    write(sections, started, command)
+    if not quick:  # a harness check does not replace the README's figures
+        write_readme(headline, command)
     print(f"wrote BENCHMARKS.md and bench/plots/ in {time.monotonic() - started:.0f} s")
 
 
@@ -136,7 +228,15 @@ which includes the calls its script makes). `limits` (fixed, moving and sliding-
 windows) and `pyrate-limiter` (Redis bucket) run in the same rounds on the same Redis
 and connection pool, each with a limit it never reaches. The redis-server is pinned to
 one core and the client to the other. The two `ref:` rows are floors: an empty script,
-and the TIME + GET + SET that any GCRA on the server's clock must make."""
+and the TIME + GET + SET that any GCRA on the server's clock must make; the two after
+it add what that floor leaves out: reading TIME and the stored value as numbers, then
+writing a computed value and TTL. `server / floor` divides by the TIME+GET+SET row."""
+
+WORKER = """Tasks per second of ONE worker process (`-c 1`) draining a pre-filled queue of
+no-op tasks: plain Celery (celery-funnel not installed), celery-funnel installed with
+a plain task, a never-limited FunnelTask, and a plain task under a never-reached
+`funnel_limits` entry; prefork and threads pools. Rows take turns round by round; the
+ratio is the time per task over plain Celery's in the same round."""
 
 CELERY = """Real `celery worker` processes on a private Redis broker. Correctness: every task
 is accounted for (none lost, none run twice) and the limit holds. Overhead: no-op tasks

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from functools import partial
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._errors import BackendError, CostTooHighError, TooManyDeferralsError
 from ._fair import Fair
@@ -27,6 +28,9 @@ from ._limit import Limit, Verdict, check_all
 from ._outage import backoff
 from ._runtime import Runtime
 from .strategies.reservation import DEFAULT_EARLY_SECONDS, Shape
+
+if TYPE_CHECKING:
+    from .backends.base import Funnel
 
 __all__ = [
     "HEADER",
@@ -112,7 +116,7 @@ def lead(charges: Sequence[Charge]) -> float:
 
 
 def _book(
-    runtime: Runtime,
+    funnel: Funnel,
     charges: Sequence[Charge],
     ticket: str,
     state: State,
@@ -126,7 +130,7 @@ def _book(
         Shape(c.key, c.limit.capacity - 1, c.limit.rate.count, c.limit.rate.period, c.cost)
         for c in charges
     ]
-    r = runtime.funnel.reserve_all(
+    r = funnel.reserve_all(
         shapes, ticket=ticket, redeem=redeem, late=_late(charges, state.stale), max_wait=max_wait
     )
     return Verdict(r.admitted, max(r.delay, 0.0), r.booked, r.never, r.stale)
@@ -183,24 +187,40 @@ def decide(
     if len(pending) > 1 and joint(runtime, [c for _, c in pending]):
         if ticket is not None:
             together = [c for _, c in pending]
-            return _book(runtime, together, ticket, state, redeem, max_wait), state.passed
+            return _book(funnel, together, ticket, state, redeem, max_wait), state.passed
         limits = [c.limit for _, c in pending]
         verdict = check_all(
             funnel, limits, [c.key for _, c in pending], [c.cost for _, c in pending],
             ticket=None, redeem=False, late=None,
         )  # fmt: skip
         return verdict, state.passed
-    passed = list(state.passed)
-    for index, charge in pending:
-        if ticket is not None and charge.limit.strategy == "gcra":
-            verdict = _book(runtime, [charge], ticket, state, redeem, max_wait)
-        else:
-            verdict = charge.limit.check(funnel, charge.key, charge.cost)
-        if not verdict.run:
-            return verdict, tuple(passed)
-        passed.append(index)
-        redeem = False  # a booking is only ever held on the first funnel still pending
-    return Verdict(run=True), tuple(passed)
+    # one at a time, in order, stopping at the first refusal (one round trip on Redis)
+    steps = [
+        _step(charge, ticket, state, redeem and n == 0, max_wait)
+        for n, (_, charge) in enumerate(pending)  # a booking is held on the first only
+    ]
+    verdicts = funnel._decide_in_order(steps, _admits)
+    passed = (*state.passed, *(i for (i, _), v in zip(pending, verdicts, strict=False) if v.run))
+    return (verdicts[-1] if not verdicts[-1].run else Verdict(run=True)), passed
+
+
+def _admits(verdict: Verdict) -> bool:
+    return verdict.run
+
+
+def _step(
+    charge: Charge, ticket: str | None, state: State, redeem: bool, max_wait: float | None
+) -> Callable[[Funnel], Verdict]:
+    """One charge's decision, on any store: booked under ``ticket`` (GCRA), else plain."""
+    if ticket is not None and charge.limit.strategy == "gcra":
+        return partial(
+            _book, charges=[charge], ticket=ticket, state=state, redeem=redeem, max_wait=max_wait
+        )
+    return partial(_check, charge=charge)
+
+
+def _check(funnel: Funnel, charge: Charge) -> Verdict:
+    return charge.limit.check(funnel, charge.key, charge.cost)
 
 
 @dataclass(frozen=True)

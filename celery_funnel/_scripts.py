@@ -22,19 +22,32 @@ Twin = Callable[["MemoryStore", Sequence[str], Sequence[Arg]], Reply]
 
 @dataclass(frozen=True)
 class Script:
-    """One Lua script: its name, source text, SHA1 and Python twin."""
+    """One Lua script: its name, source text, SHA1 and Python twin. A decision script
+    also has ``admitted``: a Lua expression, over its reply as a table ``r`` and its
+    ``ARGV``, that is true when the decision admits (``_chain`` stops at the first
+    false one; the decision's Python decoding must agree, which test_chain checks)."""
 
     name: str
     source: str
     sha: str
     twin: Twin = field(repr=False, compare=False)
+    admitted: str | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def load(cls, name: str, twin: Twin) -> Script:
+    def load(cls, name: str, twin: Twin, admitted: str | None = None) -> Script:
         """Read ``celery_funnel/lua/<name>.lua`` from the installed package, after the
         shared prelude ``_clock.lua`` (the clock every script uses)."""
-        source = _read("_clock") + _read(name)
-        return cls(name, source, hashlib.sha1(source.encode("utf-8")).hexdigest(), twin)
+        return cls.build(name, _read("_clock") + _read(name), twin, admitted)
+
+    @classmethod
+    def build(cls, name: str, source: str, twin: Twin, admitted: str | None = None) -> Script:
+        """A script of ``source`` text (its SHA1 computed)."""
+        return cls(name, source, hashlib.sha1(source.encode("utf-8")).hexdigest(), twin, admitted)
+
+    @property
+    def body(self) -> str:
+        """The script's own text, without the shared prelude."""
+        return _read(self.name)
 
 
 def _read(name: str) -> str:

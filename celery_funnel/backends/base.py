@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from .._decision import Decision, Reservation
 from .._scripts import Arg, Call, Reply, Script
 from ..strategies import fixed_window, gcra, hold, reservation, sliding_log, sliding_window
 from ..strategies.reservation import Shape
+
+T = TypeVar("T")
 
 
 class Funnel(ABC):
@@ -30,6 +33,18 @@ class Funnel(ABC):
     def _eval_many(self, calls: Sequence[Call]) -> list[Reply]:
         """Run each call atomically, in order; one round trip where the store allows."""
         return [self._eval(*call) for call in calls]
+
+    def _decide_in_order(
+        self, steps: Sequence[Callable[[Funnel], T]], admits: Callable[[T], bool]
+    ) -> list[T]:
+        """Run ``steps`` (each one decision on this store) in order until one does not
+        ``admit``; their answers. One round trip where the store allows (RedisFunnel)."""
+        answers: list[T] = []
+        for step in steps:
+            answers.append(step(self))
+            if not admits(answers[-1]):
+                break
+        return answers
 
     def throttle(
         self,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
@@ -14,11 +14,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from .._errors import BackendConfigurationError, BackendError, ConfigurationError
 from .._keys import tickets_key
 from .._scripts import Arg, Call, Reply, Script
+from . import _chain
 from ._clients import client_from_url
 from ._faults import configuration_fault
 from .base import Funnel
 
 US = 1_000_000
+T = TypeVar("T")
 
 # A dead Redis must cost a caller a short wait, never a hang.
 DEFAULT_TIMEOUT_SECONDS = 2.0
@@ -77,6 +79,18 @@ class RedisFunnel(Funnel):
         except (RedisError, RedisClusterException) as exc:  # the latter: a slot not covered
             raise failure(f"running {script.name}.lua", exc) from exc
         return reply if isinstance(reply, list) else [reply]
+
+    def _decide_in_order(
+        self, steps: Sequence[Callable[[Funnel], T]], admits: Callable[[T], bool]
+    ) -> list[T]:
+        """The steps' scripts as one script (``backends/_chain.py``), where they can be."""
+        answers = _chain.chained(self._eval, steps, admits, self._one_slot)
+        return answers if answers is not None else super()._decide_in_order(steps, admits)
+
+    def _one_slot(self, keys: Sequence[str]) -> bool:
+        """Whether one script may take ``keys``: always, but on a Cluster one slot."""
+        keyslot = getattr(self.client, "keyslot", None)
+        return keyslot is None or len({keyslot(key) for key in keys}) == 1
 
     def _eval_many(self, calls: Sequence[Call]) -> list[Reply]:
         """Every call in one pipeline (not a transaction: each script is atomic on its

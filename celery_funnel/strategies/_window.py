@@ -7,6 +7,9 @@ from collections.abc import Sequence
 from .._decision import Decision
 from ._common import seconds
 
+# A window script admits when it grants the whole quantity (ARGV[3]); see decision.
+ADMITTED = "r[1] >= tonumber(ARGV[3])"
+
 
 def grant(quantity: int, free: int, partial: bool) -> int:
     """Units to grant: all of ``quantity`` if it fits, else what fits when ``partial``."""

@@ -33,7 +33,7 @@ def _twin(store: MemoryStore, keys: Sequence[str], argv: Sequence[Arg]) -> Reply
     return [granted, used, retry_after, finish - now if used > 0 else 0]
 
 
-SCRIPT = Script.load("fixed_window", _twin)
+SCRIPT = Script.load("fixed_window", _twin, admitted=_window.ADMITTED)
 
 
 def fixed_window(

@@ -36,7 +36,7 @@ def _twin(store: MemoryStore, keys: Sequence[str], argv: Sequence[Arg]) -> Reply
     return [new_tat - now]
 
 
-SCRIPT = Script.load("gcra", _twin)
+SCRIPT = Script.load("gcra", _twin, admitted="r[1] >= 0")
 
 
 @lru_cache(maxsize=1024)

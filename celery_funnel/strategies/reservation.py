@@ -77,7 +77,7 @@ def _twin(store: MemoryStore, keys: Sequence[str], argv: Sequence[Arg]) -> Reply
     return [BOOKED, delay, latest - now, stale]
 
 
-SCRIPT = Script.load("reserve", _twin)
+SCRIPT = Script.load("reserve", _twin, admitted="r[1] == 0")
 
 
 def _grace_us(name: str, value: float | None, default_us: int) -> int:

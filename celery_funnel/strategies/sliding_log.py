@@ -38,7 +38,7 @@ def _twin(store: MemoryStore, keys: Sequence[str], argv: Sequence[Arg]) -> Reply
     return [0, used, retry_after, scores[-1] + period - now if used else 0]
 
 
-SCRIPT = Script.load("sliding_log", _twin)
+SCRIPT = Script.load("sliding_log", _twin, admitted=_window.ADMITTED)
 # ~1.75 us of Redis time per entry written: a call blocks Redis for at most ~20 ms
 MAX_LOG_LIMIT = 10_000
 

@@ -57,7 +57,7 @@ def _twin(store: MemoryStore, keys: Sequence[str], argv: Sequence[Arg]) -> Reply
     return [granted, used, retry_after, (current + busy[-1]) * sub - now if busy else 0]
 
 
-SCRIPT = Script.load("sliding_window", _twin)
+SCRIPT = Script.load("sliding_window", _twin, admitted=_window.ADMITTED)
 
 
 def sliding_window(
