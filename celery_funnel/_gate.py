@@ -199,7 +199,8 @@ def decide(
         _step(charge, ticket, state, redeem and n == 0, max_wait)
         for n, (_, charge) in enumerate(pending)  # a booking is held on the first only
     ]
-    verdicts = funnel._decide_in_order(steps, _admits)
+    # one step (the common case) is one script already: no chain to build
+    verdicts = funnel._decide_in_order(steps, _admits) if len(steps) > 1 else [steps[0](funnel)]
     passed = (*state.passed, *(i for (i, _), v in zip(pending, verdicts, strict=False) if v.run))
     return (verdicts[-1] if not verdicts[-1].run else Verdict(run=True)), passed
 

@@ -3,6 +3,7 @@ and the mark the worker gate leaves on the runs it admitted."""
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from collections.abc import Mapping
@@ -30,7 +31,9 @@ class State(NamedTuple):
     @classmethod
     def from_headers(cls, headers: Mapping[str, Any] | None) -> State:
         """The state in a message's headers (a fresh one when absent)."""
-        raw = (headers or {}).get(HEADER) or {}
+        raw = (headers or {}).get(HEADER)
+        if not raw:  # a first arrival: most tasks
+            return cls()
         return cls(
             int(raw.get("deferrals", 0)),
             bool(raw.get("booked")),
@@ -51,7 +54,12 @@ def gate_mark(pid: int | None = None) -> str:
     """What the worker gate writes into the header of a run it admitted: its host and
     process. Only that process (threads, solo) or its pool children (prefork) see the
     mark as theirs, so a copy carried by a retried message elsewhere means nothing."""
-    return f"{_HOST}:{os.getpid() if pid is None else pid}"
+    return _mark(os.getpid() if pid is None else pid)
+
+
+@functools.lru_cache(maxsize=64)
+def _mark(pid: int) -> str:
+    return f"{_HOST}:{pid}"
 
 
 def admitted_by_gate(headers: Mapping[str, Any] | None) -> bool:

@@ -39,6 +39,7 @@ minute, expiring after an hour). ``parse_key`` does not take them either.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from dataclasses import dataclass
@@ -118,6 +119,7 @@ def companion_key(key: str, suffix: str) -> str:
     return f"{{{key}}}{COMPANION_MARK}{suffix}"
 
 
+@functools.lru_cache(maxsize=4096)  # on every reservation: a funnel's keys recur
 def tickets_key(key: str) -> str:
     """Where the reservation tickets of GCRA funnel ``key`` live (a sorted set)."""
     return companion_key(key, TICKETS)
@@ -140,6 +142,7 @@ def _safe_name(name: str) -> str:
     return name if _HASHED.fullmatch(name) else safe_part(name)
 
 
+@functools.lru_cache(maxsize=4096)  # on every decision: a task's keys recur
 def task_key(prefix: str, task_name: str, key_part: str = "", index: int | None = None) -> str:
     """The funnel key of a FunnelTask's limit.
 
@@ -156,6 +159,7 @@ def task_key(prefix: str, task_name: str, key_part: str = "", index: int | None 
     return funnel_key(prefix, name, str(index), key_part)
 
 
+@functools.lru_cache(maxsize=1024)
 def limit_key(prefix: str, pattern: str | None, worker: str = "") -> str:
     """The funnel key of a worker-wide ``funnel_limits`` entry: one per ``pattern``,
     or per ``pattern`` and ``worker`` (a node name) for ``"scope": "worker"``."""
