@@ -168,10 +168,12 @@ def decide(
     state: State,
     max_wait: float | None = None,
     fair: FairStep | None = None,
+    funnel: Funnel | None = None,
 ) -> tuple[Verdict, tuple[int, ...]]:
     """The verdict over every charge not yet passed, and the indexes passed after it;
     ``max_wait``: book no slot further away (seconds; None: no bound); ``fair``: the
-    step on a fair-share charge (None: decided as any other).
+    step on a fair-share charge (None: decided as any other); ``funnel``: the store to
+    decide on (None: the runtime's; ``_inflight`` passes one that records or replays).
 
     Raises:
         BackendError: when the funnel's Redis fails.
@@ -182,7 +184,7 @@ def decide(
     pending = [(i, c) for i, c in enumerate(charges) if c.cost > 0 and i not in state.passed]
     if not pending:
         return Verdict(run=True), state.passed
-    funnel = runtime.funnel
+    funnel = funnel or runtime.funnel
     redeem = ticket is not None and state.booked
     if len(pending) > 1 and joint(runtime, [c for _, c in pending]):
         if ticket is not None:
@@ -241,10 +243,16 @@ class Subject:
     fair: FairStep | None = None
 
 
-def judge(runtime: Runtime, subject: Subject, charges: Sequence[Charge], state: State) -> Step:
+def judge(
+    runtime: Runtime,
+    subject: Subject,
+    charges: Sequence[Charge],
+    state: State,
+    funnel: Funnel | None = None,
+) -> Step:
     """One decision over ``charges`` for ``subject``, with the outage policy, the caps
     and the reports (admitted, refused and dry-run deferrals; real deferrals are
-    reported by the caller, who knows how the task waits).
+    reported by the caller, who knows how the task waits); ``funnel`` as ``decide``.
 
     Raises:
         Exception: whatever computing a charge raised is the caller's to handle; Redis
@@ -255,7 +263,9 @@ def judge(runtime: Runtime, subject: Subject, charges: Sequence[Charge], state: 
     reserve = settings.reservation and not subject.dry_run
     ticket = subject.task_id if reserve else None
     try:
-        verdict, passed = decide(runtime, charges, ticket, state, subject.expires_in, subject.fair)
+        verdict, passed = decide(
+            runtime, charges, ticket, state, subject.expires_in, subject.fair, funnel
+        )
     except BackendError as error:
         return _outage(runtime, subject, state, error, label)
     runtime.outage.answered()

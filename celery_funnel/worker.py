@@ -21,10 +21,12 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from celery import bootsteps
 from celery.worker.state import task_ready
+from redis.exceptions import RedisError
 
 from ._charges import Charges
 from ._checks import check_app
@@ -44,6 +46,7 @@ from ._gate import (
     requeued,
 )
 from ._held import Held, give_back_booking
+from ._inflight import InFlight
 from ._keys import safe_part
 from ._leases import Lease
 from ._limit import Limit
@@ -78,6 +81,7 @@ class WorkerGate(SlotWaits):
         self.parking = Parking(runtime)
         self.live = live_for(consumer.app)
         self.seats = Seats(runtime, consumer.app, self.node, self.hostname)
+        self.inflight = InFlight(lambda: runtime.funnel, getattr(consumer, "hub", None))
 
     def limits_for(self, name: str) -> tuple[Limit, ...]:
         """Every worker-wide limit whose pattern matches task ``name``."""
@@ -125,6 +129,8 @@ class WorkerGate(SlotWaits):
                 lease, waits = self._take_slots(request, charges, state, seats)
                 if lease is None:
                     return waits
+            if lease is None and charges and self._send(request, charges, state):
+                return None  # carried on by _resume when the reply comes
             # charges stay the code's (held requests keep them); overrides apply here,
             # to every decision, from the table the live thread keeps fresh
             step = self._decide(request, charges, state) if charges else RUN
@@ -132,6 +138,56 @@ class WorkerGate(SlotWaits):
             if lease is not None:
                 self.seats.give_back(lease)
             return self._fail(request, error, reported=False)
+        return self._decided(request, charges, state, step, lease)
+
+    def _send(self, request: Any, charges: Sequence[Charge], state: State) -> bool:
+        """Send the decision without waiting for it (``_inflight``), when it is one
+        script call: not for fair-share funnels (their step is not one call) nor paused
+        ones (decided here, no call)."""
+        if not self.inflight.on or any(c.fair for c in charges):
+            return False
+        if self.live.overrides.paused(charges) is not None:
+            return False
+        decide = partial(
+            judge, self.runtime, self._subject(request), self.live.overrides.apply(charges), state
+        )
+        call, _ = self.inflight.capture(lambda store: decide(funnel=store))
+        if call is None:  # decided without Redis: decide again the ordinary way
+            return False
+        try:
+            self.inflight.send(call, partial(self._resume, request, charges, state, decide))
+        except (RedisError, OSError):  # the ordinary way, with the outage policy
+            return False
+        return True
+
+    def _resume(
+        self,
+        request: Any,
+        charges: Sequence[Charge],
+        state: State,
+        decide: Callable[..., Step],
+        reply: Any,
+    ) -> Any:
+        """Carry ``request`` on with its decision's ``reply`` (an exception: decide it
+        again the ordinary way)."""
+        try:
+            if isinstance(reply, BaseException):
+                step = self._decide(request, charges, state)
+            else:
+                step = decide(funnel=self.inflight.replay(reply, self.runtime.funnel._eval))
+        except Exception as error:  # one task fails, the worker runs on
+            return self._fail(request, error, reported=False)
+        return self._decided(request, charges, state, step, None)
+
+    def _decided(
+        self,
+        request: Any,
+        charges: Sequence[Charge],
+        state: State,
+        step: Step,
+        lease: Lease | None,
+    ) -> Any:
+        """Act on ``step``: run the request, hold, publish it again, or fail it."""
         self.live.count(dict.fromkeys(c.label for c in charges), step.run)
         if step.run:
             # the run is decided and paid: FunnelTask.before_start lets it through
@@ -238,8 +294,9 @@ class WorkerGate(SlotWaits):
         self.held.hold(request, charges, state, delay)
 
     def drop_held(self) -> int:
-        """Forget every held request (the broker connection closed). Returns how many."""
-        return self.held.drop()
+        """Forget every held request, and those whose decision is in flight (the broker
+        connection closed: it delivers them again). Returns how many."""
+        return self.held.drop() + self.inflight.drop()
 
     def _fail(self, request: Any, error: BaseException, *, reported: bool) -> None:
         """Fail ``request`` with ``error`` as Celery fails a task (FAILURE stored,
@@ -258,6 +315,7 @@ class WorkerGate(SlotWaits):
         connections the gate opened."""
         self.held.close()
         self.seats.close()
+        self.inflight.close()
 
     def _send_event(self, request: Any) -> Callable[..., Any] | None:
         dispatcher = getattr(self.consumer, "event_dispatcher", None)

@@ -17,29 +17,36 @@ from typing import Any, NoReturn, TypeVar
 from .._scripts import Arg, Call, Reply, Script, _read
 from .base import Funnel
 
-__all__ = ["Eval", "chained"]
+__all__ = ["Capture", "Captured", "Eval", "Replay", "chained"]
 
 T = TypeVar("T")
 Eval = Callable[[Script, Sequence[str], Sequence[Arg]], Any]
 
 
-class _Captured(BaseException):
+class Captured(BaseException):
     def __init__(self, call: Call) -> None:
         super().__init__(call[0].name)
         self.call = call
 
 
-class _Capture(Funnel):
-    """A store that records the first script call a step makes, and stops it there."""
+class Capture(Funnel):
+    """A store that records the first script call a step makes, and stops it there
+    (``Captured``); steps in order are recorded as the one chain script they make."""
 
     def _eval(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
-        raise _Captured((script, keys, args))
+        raise Captured((script, keys, args))
+
+    def _decide_in_order(
+        self, steps: Sequence[Callable[[Funnel], T]], admits: Callable[[T], bool]
+    ) -> list[T]:
+        answers = chained(self._eval, steps, admits, _anywhere)
+        return answers if answers is not None else super()._decide_in_order(steps, admits)
 
     def reset(self, key: str) -> NoReturn:
         raise NotImplementedError
 
 
-class _Replay(Funnel):
+class Replay(Funnel):
     """A store that answers a step's first call with ``reply``, and any further call
     through ``fallback`` (a step of more than one call stays correct)."""
 
@@ -51,8 +58,18 @@ class _Replay(Funnel):
         reply, self.reply = self.reply, None
         return reply if reply is not None else list(self.fallback(script, keys, args))
 
+    def _decide_in_order(
+        self, steps: Sequence[Callable[[Funnel], T]], admits: Callable[[T], bool]
+    ) -> list[T]:
+        answers = chained(self._eval, steps, admits, _anywhere)
+        return answers if answers is not None else super()._decide_in_order(steps, admits)
+
     def reset(self, key: str) -> NoReturn:
         raise NotImplementedError
+
+
+def _anywhere(keys: Sequence[str]) -> bool:
+    return True  # Capture and Replay stand for a store whose scripts take any keys
 
 
 @lru_cache(maxsize=64)
@@ -79,8 +96,8 @@ def _capture(
     plan: list[tuple[Call | None, T | None]] = []
     for step in steps:
         try:
-            known = step(_Capture())
-        except _Captured as captured:
+            known = step(Capture())
+        except Captured as captured:
             plan.append((captured.call, None))
             continue
         plan.append((None, known))
@@ -116,7 +133,7 @@ def chained(
         else:
             # a step the chain did not reach (it stopped earlier than the steps would
             # have) runs on its own through run: one more round trip, same answer
-            answers.append(step(_Replay(next(replies, None), run)))
+            answers.append(step(Replay(next(replies, None), run)))
         if not admits(answers[-1]):
             break
     return answers

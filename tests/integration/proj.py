@@ -228,6 +228,7 @@ if os.environ.get("FUNNEL_TEST_BROKER"):
         os.environ["FUNNEL_TEST_REDIS"],
         queue=os.environ.get("FUNNEL_TEST_QUEUE", "proj"),
         quorum=os.environ.get("FUNNEL_TEST_QUORUM") == "1",
+        store_url=os.environ.get("FUNNEL_TEST_STORE") or None,
         funnel_limits=json.loads(limits) if limits else {},
         funnel_reservation=os.environ.get("FUNNEL_TEST_RESERVATION", "1") == "1",
         **extra,

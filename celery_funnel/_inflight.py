@@ -1,0 +1,152 @@
+"""Decisions in flight: the worker gate sends a decision's one script without waiting
+for the reply, on a connection of its own that the consumer's event loop reads, and
+carries the request on when the reply arrives.
+
+Waiting for the reply on the event loop's thread stalls everything else the consumer
+does for a round trip, plus the wake-up (and, on the threads pool, the wait for the
+GIL): about twice the decision's own time, measured on one worker. Here the call is
+what the decision would send (``backends._chain.Capture`` records it), and the reply
+is decoded by the same decision replayed on it (``Replay``), so both ways decide alike.
+
+Replies come back in the order the calls went out (one connection). A reply that is an
+error, or a connection that fails, sends each request still waiting through the
+ordinary decision (which reloads a lost script and applies the outage policy): at
+worst a request is charged twice, which admits less, never more. When the broker
+connection closes, the requests in flight are forgotten, as held ones are: the broker
+delivers them again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from functools import cached_property
+from typing import Any, TypeVar
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ._scripts import Call
+from .backends._chain import Capture, Captured, Replay
+
+__all__ = ["InFlight"]
+
+logger = logging.getLogger("celery_funnel")
+T = TypeVar("T")
+
+Resume = Callable[[Any], None]
+"""Carries one request on: called with the reply, or with the exception that stands
+for it (an error reply, a lost connection)."""
+
+
+class InFlight:
+    """The gate's decisions in flight on the store ``funnel()`` gives (a
+    ``RedisFunnel``), read by ``hub`` (the consumer's event loop; None: every decision
+    waits for its reply)."""
+
+    def __init__(self, funnel: Callable[[], Any], hub: Any) -> None:
+        self.funnel, self.hub = funnel, hub
+        self.connection: Any = None
+        self.fd: int | None = None
+        self.pending: deque[Resume] = deque()
+
+    @cached_property
+    def pool(self) -> Any:
+        """The funnel client's connection pool (None: a Cluster, or no Redis)."""
+        return getattr(getattr(self.funnel(), "client", None), "connection_pool", None)
+
+    @property
+    def on(self) -> bool:
+        """Whether decisions can be sent without waiting (a hub, a pooled client)."""
+        return self.hub is not None and hasattr(self.hub, "add_reader") and self.pool is not None
+
+    @staticmethod
+    def capture(decide: Callable[[Any], T]) -> tuple[Call | None, T | None]:
+        """The one script call ``decide(store)`` makes, or ``(None, its answer)`` when
+        it decided without one."""
+        try:
+            return None, decide(Capture())
+        except Captured as captured:
+            return captured.call, None
+
+    def send(self, call: Call, resume: Resume) -> None:
+        """Send ``call``; ``resume`` gets its reply from the event loop.
+
+        Raises:
+            RedisError, OSError: when the call cannot be sent (nothing is pending then).
+        """
+        script, keys, args = call
+        connection = self._connection()
+        try:
+            connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        except (RedisError, OSError):
+            self._lost(RedisConnectionError("sending a decision failed"))
+            raise
+        self.pending.append(resume)
+
+    @staticmethod
+    def replay(reply: Any, fallback: Any) -> Replay:
+        """The store on which a decision replayed gets ``reply`` for its call."""
+        return Replay(reply if isinstance(reply, list) else [reply], fallback)
+
+    def _connection(self) -> Any:
+        if self.connection is None:
+            try:
+                connection = self.pool.get_connection()
+            except TypeError:  # redis-py < 5.3 wants a command name
+                connection = self.pool.get_connection("EVALSHA")
+            connection.connect()
+            self.connection, self.fd = connection, connection._sock.fileno()
+        if self.fd not in getattr(self.hub, "readers", {}):  # a restarted consumer's hub
+            self.hub.add_reader(self.fd, self._on_readable)
+        return self.connection
+
+    def _on_readable(self, *_: Any) -> None:
+        while self.pending:
+            try:
+                if not self.connection.can_read(timeout=0):
+                    return
+                reply: Any = self.connection.read_response()
+            except (RedisConnectionError, RedisTimeoutError, OSError) as error:
+                self._lost(error)
+                return
+            except RedisError as error:  # an error reply: that call's answer
+                reply = error
+            resume = self.pending.popleft()
+            try:
+                resume(reply)
+            except Exception:  # one request's trouble must not stop the event loop
+                logger.exception("celery-funnel: carrying a decided request on failed")
+
+    def _lost(self, error: BaseException) -> None:
+        """The connection failed: every request waiting goes the ordinary way."""
+        waiting, self.pending = self.pending, deque()
+        self._close()
+        for resume in waiting:
+            resume(error)
+
+    def drop(self) -> int:
+        """Forget the requests in flight (the broker will deliver them again)."""
+        dropped = len(self.pending)
+        self.pending.clear()
+        self._close()  # their replies, still to come, go with the connection
+        return dropped
+
+    def _close(self) -> None:
+        connection, self.connection = self.connection, None
+        if connection is None:
+            return
+        try:
+            if self.fd is not None and self.hub is not None:
+                self.hub.remove_reader(self.fd)
+        except Exception as error:  # a hub already closed: nothing to remove
+            logger.debug("celery-funnel: removing the decision reader: %r", error)
+        connection.disconnect()
+        self.pool.release(connection)
+        self.fd = None
+
+    def close(self) -> None:
+        """At worker shutdown: forget what is in flight, give the connection back."""
+        self.drop()

@@ -1,0 +1,146 @@
+"""Decisions in flight (``_inflight``): the worker gate sends a decision's script
+without waiting, and kombu's event loop reads the reply. On a real Redis and kombu's
+own Hub: the replies decide as waiting for them would; an error reply (a flushed
+script) and a killed connection send the waiting requests the ordinary way. On real
+workers: every task runs once while the funnels' scripts are flushed and the gate's
+connections killed over and over."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any
+
+import pytest
+import redis
+from kombu.asynchronous import Hub
+from redis.exceptions import NoScriptError
+
+from celery_funnel import Decision, Funnel, RedisFunnel
+from celery_funnel._inflight import InFlight
+from celery_funnel.testing import RedisServer
+from tests.integration.proj import close_app, make_app, runs
+from tests.integration.test_one_gate import once_each, send, workers
+from tests.polling import wait_for
+
+pytestmark = pytest.mark.redis
+ONE_REDIS = True  # one Redis version is enough here (tests/conftest.py)
+NOW = 1_700_000_000.0
+
+
+@pytest.fixture
+def hub() -> Iterator[Hub]:
+    loop = Hub()
+    yield loop
+    loop.close()
+
+
+def spin(hub: Hub, done: Callable[[], bool], timeout: float = 10) -> None:
+    """Run the event loop until ``done()``."""
+    loop = hub.create_loop()
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, "the event loop never delivered the replies"
+        next(loop)
+
+
+def decisions(n: int) -> list[Callable[[Funnel], Any]]:
+    return [partial(_decision, i=i) for i in range(n)]
+
+
+def _decision(funnel: Funnel, i: int) -> Decision:
+    return funnel.throttle(f"{{t}}:{i % 3}", 2, 10, 1, now=NOW + i * 0.01)
+
+
+def test_replies_read_by_the_event_loop_decide_as_waiting_would(
+    redis_funnel: RedisFunnel, hub: Hub, redis_client: redis.Redis
+) -> None:
+    redis_funnel.throttle("{t}:load", 1, 1, 1)  # the script loaded
+    redis_client.flushall()
+    got: dict[int, Decision] = {}
+    inflight = InFlight(lambda: redis_funnel, hub)
+    assert inflight.on
+
+    def resume(i: int, decide: Callable[[Funnel], Any], reply: Any) -> None:
+        got[i] = decide(inflight.replay(reply, redis_funnel._eval))
+
+    for i, decide in enumerate(decisions(30)):
+        call, _ = inflight.capture(decide)
+        assert call is not None
+        inflight.send(call, partial(resume, i, decide))
+    spin(hub, lambda: len(got) == 30)
+    redis_client.flushall()
+    assert [got[i] for i in range(30)] == [decide(redis_funnel) for decide in decisions(30)]
+    assert any(d.limited for d in got.values())
+    assert not all(d.limited for d in got.values())
+    inflight.close()
+
+
+def test_an_error_reply_and_a_killed_connection_resume_every_waiting_request(
+    redis_funnel: RedisFunnel, hub: Hub, redis_client: redis.Redis
+) -> None:
+    got: list[Any] = []
+    inflight = InFlight(lambda: redis_funnel, hub)
+    decide = decisions(1)[0]
+    call, _ = inflight.capture(decide)
+    assert call is not None
+    redis_client.script_flush()
+    inflight.send(call, got.append)
+    spin(hub, lambda: len(got) == 1)
+    assert isinstance(got[0], NoScriptError)
+    redis_funnel.throttle("{t}:load", 1, 1, 1)  # loads the script again
+    for _ in range(5):
+        inflight.send(call, got.append)
+    redis_client.client_kill_filter(_type="normal", skipme=True)
+    spin(hub, lambda: len(got) == 6)
+    assert all(isinstance(r, (list, int, Exception)) for r in got[1:])
+    # the first call after the kill may go out on the dead connection and come back
+    # as a ConnectionError (its request then goes the ordinary way); the next one
+    # goes out on a new connection, read by the same loop
+    answers: list[Any] = []
+    for _ in range(2):
+        got.clear()
+        inflight.send(call, got.append)
+        spin(hub, lambda: len(got) == 1)
+        answers.append(got[0])
+    assert isinstance(answers[-1], (list, int)), answers
+    assert inflight.drop() == 0
+    inflight.close()
+
+
+@pytest.fixture
+def funnels() -> Iterator[RedisServer]:
+    """The funnels' Redis, apart from the broker and the run records."""
+    with RedisServer() as server:
+        yield server
+
+
+def test_every_task_runs_once_while_scripts_are_flushed_and_connections_killed(
+    standalone_url: str, funnels: RedisServer
+) -> None:
+    """300 tasks under a 200/s worker-wide limit on 1 worker (prefork, 2 processes);
+    while they run, every 50 ms the funnels' scripts are flushed and every connection
+    that last ran a script is killed."""
+    app = make_app(standalone_url, funnels.url, store_url=standalone_url, task_ignore_result=True)
+    env = {"FUNNEL_TEST_LIMITS": '{"proj.plain": "200/s"}', "FUNNEL_TEST_STORE": standalone_url}
+    chaos = redis.Redis.from_url(funnels.url)
+    with workers(standalone_url, funnels.url, 1, **env) as started:
+        started.wait_ready()
+        ids = set(send(app, "proj.plain", 300))
+        kills = 0
+        while len({r["id"] for r in runs(standalone_url)}) < 300:
+            chaos.script_flush()
+            for client in chaos.client_list():
+                if client.get("cmd") == "evalsha":
+                    kills += chaos.client_kill_filter(_id=client["id"])
+            time.sleep(0.05)
+        count = len(runs(standalone_url))
+        with pytest.raises(AssertionError):  # nothing runs a second time afterwards
+            wait_for(lambda: len(runs(standalone_url)) > count, 3)
+        logs = started.logs()
+    close_app(app)
+    chaos.close()
+    assert kills > 0
+    once_each(standalone_url, "proj.plain", ids)
+    assert "carrying a decided request on failed" not in logs
