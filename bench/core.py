@@ -99,6 +99,16 @@ def third_party(client: redis.Redis) -> dict[str, Callable[[], Any]]:
         bucket = RedisBucket.init([Rate(BIG, Duration.MINUTE)], client, "b:pyrate")
         pyrate = Limiter(bucket)
         rows["pyrate-limiter: Redis bucket"] = partial(pyrate.try_acquire, "b", blocking=False)
+    modules = {m.get(b"name", m.get("name")) for m in client.module_list()}
+    if modules & {b"redis-cell", "redis-cell"}:
+        # its own GCRA, native: CL.THROTTLE key max_burst count period quantity
+        rows["redis-cell: CL.THROTTLE (native module)"] = partial(
+            client.execute_command, "CL.THROTTLE", "b:cell", BIG - 1, BIG, HOUR, 1
+        )
+    else:
+        print(
+            "redis-cell not loaded (bench/build_redis_cell.sh): its row is skipped", file=sys.stderr
+        )
     return rows
 
 
@@ -135,7 +145,17 @@ def chain(funnel: RedisFunnel) -> Any:
 
 OURS = ("gcra", "reserve", "fixed window", "sliding window (", "sliding log")
 HARNESS = {"cmdstat_ping", "cmdstat_config", "cmdstat_info", "cmdstat_script"}
-SCRIPTS = {"cmdstat_evalsha", "cmdstat_eval"}
+# the decision commands: scripts, and redis-cell's native CL.THROTTLE
+SCRIPTS = {"cmdstat_evalsha", "cmdstat_eval", "cmdstat_cl.throttle"}
+# bench/build_redis_cell.sh puts the module here; REDIS_CELL_MODULE names another
+CELL = Path(
+    os.environ.get("REDIS_CELL_MODULE") or HERE.parent / "build/redis-cell/libredis_cell.so"
+)
+
+
+def server_options() -> tuple[str, ...]:
+    """redis-server options of a private server: redis-cell loaded, when built."""
+    return ("--loadmodule", str(CELL)) if CELL.is_file() else ()
 
 
 def server_usec(stats: dict[str, Any]) -> tuple[float, int, int]:
@@ -253,7 +273,7 @@ def main() -> None:
         version = redis.Redis.from_url(args.redis).info("server")["redis_version"]
         print(table(run(args.redis, args.calls, args.rounds), version, args.calls, args.rounds))
         return
-    with RedisServer() as server:
+    with RedisServer(None, None, *server_options()) as server:
         if server.process is not None:
             pin(server.process.pid)
         rows = run(server.url, args.calls, args.rounds)

@@ -68,7 +68,7 @@ def _ratios(rows: dict[str, dict[str, float]], prefix: str, field: str) -> str:
 
 
 def section_core(calls: int, rounds: int) -> tuple[str, Headline]:
-    with RedisServer() as server:
+    with RedisServer(None, None, *core.server_options()) as server:
         if server.process is not None:
             core.pin(server.process.pid)
         try:
@@ -88,7 +88,8 @@ def section_core(calls: int, rounds: int) -> tuple[str, Headline]:
          f" ({floor:.2f} µs)",
          "; ".join(f"{n} {rows[n]['server']:.2f} ({rows[n]['server'] / floor:.2f}x)" for n in ours),
          f"GCRA at most 1.2x the floor; limits {_ratios(rows, 'limits', 'server')} µs,"
-         f" pyrate-limiter {_ratios(rows, 'pyrate', 'server')} µs"),
+         f" pyrate-limiter {_ratios(rows, 'pyrate', 'server')} µs,"
+         f" redis-cell (native) {_ratios(rows, 'redis-cell', 'server')} µs"),
         ("round trips (EVALSHA) per decision, every row",
          f"{max(rows[n]['scripts'] for n in ours):.2f}", "1"),
     ]  # fmt: skip
