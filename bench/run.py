@@ -64,7 +64,9 @@ Headline = list[tuple[str, str, str]]
 
 def _ratios(rows: dict[str, dict[str, float]], prefix: str, field: str) -> str:
     got = [r[field] for name, r in rows.items() if name.startswith(prefix)]
-    return f"{min(got):.2f}-{max(got):.2f}" if got else "not installed"
+    if not got:
+        return "not installed"
+    return f"{got[0]:.2f}" if len(got) == 1 else f"{min(got):.2f}-{max(got):.2f}"
 
 
 def section_core(calls: int, rounds: int) -> tuple[str, Headline]:

@@ -24,7 +24,6 @@ def install(app: Any) -> Any:
     decorator line). Settings are read when first needed, so ``app.conf`` may be filled
     in after this call.
     """
-    from ._lease_keeper import connect  # noqa: PLC0415
     from ._live import LiveStep  # noqa: PLC0415 - celery.bootsteps only when installing
     from .releaser import ReleaserStep  # noqa: PLC0415
     from .worker import FunnelGate  # noqa: PLC0415
@@ -35,7 +34,6 @@ def install(app: Any) -> Any:
         app.steps["consumer"].add(ReleaserStep)
         app.steps["consumer"].add(LiveStep)
         signals.celeryd_init.connect(_on_worker_init, weak=False)
-        connect()  # the receivers that give concurrency slots back
         check_definitions(app)
         runtime.installed = True
     return app

@@ -15,7 +15,7 @@ from typing import Any
 from ._charges import matching
 from ._concurrency import Concurrency
 from ._errors import ConfigurationError
-from ._lease_keeper import Leases, leases_for
+from ._lease_keeper import Leases, connect, leases_for
 from ._leases import Lease, Seat, seats_of
 from ._limit import key_part
 from ._live import live_for
@@ -42,6 +42,10 @@ class Seats:
         self.on = bool(runtime.settings.concurrency) or any(
             option_of(task, "funnel_concurrency") is not None for task in list(app.tasks.values())
         )
+        if self.on:
+            # the receivers that give slots back: only where slots are taken, so that
+            # other apps' tasks do not pay a task_postrun signal each
+            connect()
         if self.on and not runtime.settings.park:
             raise ConfigurationError(
                 "funnel_park=False, but concurrency limits park the tasks that wait for a"

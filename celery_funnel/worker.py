@@ -21,12 +21,10 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import Any
 
 from celery import bootsteps
 from celery.worker.state import task_ready
-from redis.exceptions import RedisError
 
 from ._charges import Charges
 from ._checks import check_app
@@ -47,6 +45,7 @@ from ._gate import (
 )
 from ._held import Held, give_back_booking
 from ._inflight import InFlight
+from ._inflight_gate import InFlightSteps
 from ._keys import safe_part
 from ._leases import Lease
 from ._limit import Limit
@@ -66,7 +65,7 @@ __all__ = ["FunnelGate", "WorkerGate"]
 logger = logging.getLogger("celery_funnel")
 
 
-class WorkerGate(SlotWaits):
+class WorkerGate(SlotWaits, InFlightSteps):
     """Wraps ``on_task_request``: passes a request on once every funnel that applies to
     it admits it; holds, re-publishes or fails it otherwise."""
 
@@ -139,45 +138,6 @@ class WorkerGate(SlotWaits):
                 self.seats.give_back(lease)
             return self._fail(request, error, reported=False)
         return self._decided(request, charges, state, step, lease)
-
-    def _send(self, request: Any, charges: Sequence[Charge], state: State) -> bool:
-        """Send the decision without waiting for it (``_inflight``), when it is one
-        script call: not for fair-share funnels (their step is not one call) nor paused
-        ones (decided here, no call)."""
-        if not self.inflight.on or any(c.fair for c in charges):
-            return False
-        if self.live.overrides.paused(charges) is not None:
-            return False
-        decide = partial(
-            judge, self.runtime, self._subject(request), self.live.overrides.apply(charges), state
-        )
-        call, _ = self.inflight.capture(lambda store: decide(funnel=store))
-        if call is None:  # decided without Redis: decide again the ordinary way
-            return False
-        try:
-            self.inflight.send(call, partial(self._resume, request, charges, state, decide))
-        except (RedisError, OSError):  # the ordinary way, with the outage policy
-            return False
-        return True
-
-    def _resume(
-        self,
-        request: Any,
-        charges: Sequence[Charge],
-        state: State,
-        decide: Callable[..., Step],
-        reply: Any,
-    ) -> Any:
-        """Carry ``request`` on with its decision's ``reply`` (an exception: decide it
-        again the ordinary way)."""
-        try:
-            if isinstance(reply, BaseException):
-                step = self._decide(request, charges, state)
-            else:
-                step = decide(funnel=self.inflight.replay(reply, self.runtime.funnel._eval))
-        except Exception as error:  # one task fails, the worker runs on
-            return self._fail(request, error, reported=False)
-        return self._decided(request, charges, state, step, None)
 
     def _decided(
         self,
