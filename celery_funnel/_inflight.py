@@ -1,5 +1,5 @@
-"""Decisions in flight: the worker gate sends a decision's one script without waiting
-for the reply, on a connection of its own that the consumer's event loop reads, and
+"""Decisions in flight: the worker gate sends a first arrival's decision (one script)
+without waiting for the reply, on a connection of its own that the consumer's event loop reads, and
 carries the request on when the reply arrives.
 
 Waiting for the reply on the event loop's thread stalls everything else the consumer
