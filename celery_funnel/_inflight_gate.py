@@ -35,15 +35,8 @@ class InFlightSteps:
         def _decide(self, request: Any, charges: Sequence[Charge], state: State) -> Step:
             raise NotImplementedError
 
-        def _decided(
-            self,
-            request: Any,
-            charges: Sequence[Charge],
-            state: State,
-            step: Step,
-            lease: Lease | None,
-        ) -> Any:
-            raise NotImplementedError
+        # (request, charges, state, step, lease) -> what on_task_request returns
+        _decided: Callable[[Any, Sequence[Charge], State, Step, Lease | None], Any]
 
         def _fail(self, request: Any, error: BaseException, *, reported: bool) -> None:
             raise NotImplementedError

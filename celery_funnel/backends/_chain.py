@@ -29,24 +29,29 @@ class Captured(BaseException):
         self.call = call
 
 
-class Capture(Funnel):
-    """A store that records the first script call a step makes, and stops it there
-    (``Captured``); steps in order are recorded as the one chain script they make."""
-
-    def _eval(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
-        raise Captured((script, keys, args))
+class _Stand(Funnel):
+    """A store that stands for a Redis during one decision: steps in order become the
+    one chain script they make, on any keys."""
 
     def _decide_in_order(
         self, steps: Sequence[Callable[[Funnel], T]], admits: Callable[[T], bool]
     ) -> list[T]:
-        answers = chained(self._eval, steps, admits, _anywhere)
+        answers = chained(self._eval, steps, admits, lambda keys: True)
         return answers if answers is not None else super()._decide_in_order(steps, admits)
 
     def reset(self, key: str) -> NoReturn:
         raise NotImplementedError
 
 
-class Replay(Funnel):
+class Capture(_Stand):
+    """A store that records the first script call a step makes, and stops it there
+    (``Captured``)."""
+
+    def _eval(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
+        raise Captured((script, keys, args))
+
+
+class Replay(_Stand):
     """A store that answers a step's first call with ``reply``, and any further call
     through ``fallback`` (a step of more than one call stays correct)."""
 
@@ -57,19 +62,6 @@ class Replay(Funnel):
     def _eval(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
         reply, self.reply = self.reply, None
         return reply if reply is not None else list(self.fallback(script, keys, args))
-
-    def _decide_in_order(
-        self, steps: Sequence[Callable[[Funnel], T]], admits: Callable[[T], bool]
-    ) -> list[T]:
-        answers = chained(self._eval, steps, admits, _anywhere)
-        return answers if answers is not None else super()._decide_in_order(steps, admits)
-
-    def reset(self, key: str) -> NoReturn:
-        raise NotImplementedError
-
-
-def _anywhere(keys: Sequence[str]) -> bool:
-    return True  # Capture and Replay stand for a store whose scripts take any keys
 
 
 @lru_cache(maxsize=64)
