@@ -44,11 +44,10 @@ class InFlightSteps:
     def _send(self, request: Any, charges: Sequence[Charge], state: State) -> bool:
         """Send the decision without waiting for it (``_inflight``), when it is one
         script call: not for fair-share funnels (their step is not one call) nor paused
-        ones (decided here, no call). Only a first arrival's: a task deferred before
-        comes back to redeem its slot, and deciding those in flight too made a burst of
-        10 000 tasks at 500/s take 142 s instead of 38-59 s (its tickets went stale over
-        and over while the consumers, busier, fell behind)."""
-        if not self.inflight.on or state.deferrals or any(c.fair for c in charges):
+        ones (decided here, no call). Only a first arrival's, and only while no task
+        was deferred lately (``_inflight.CALM_SECONDS``): a task that waits comes back
+        to redeem its slot at its time, decided as before."""
+        if state.deferrals or not self.inflight.on or any(c.fair for c in charges):
             return False
         if self.live.overrides.paused(charges) is not None:
             return False

@@ -149,6 +149,8 @@ class WorkerGate(SlotWaits, InFlightSteps):
     ) -> Any:
         """Act on ``step``: run the request, hold, publish it again, or fail it."""
         self.live.count(dict.fromkeys(c.label for c in charges), step.run)
+        if not step.run:
+            self.inflight.deferred()
         if step.run:
             # the run is decided and paid: FunnelTask.before_start lets it through
             more = lease.header() if lease is not None else {}

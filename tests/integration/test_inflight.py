@@ -17,7 +17,7 @@ import redis
 from kombu.asynchronous import Hub
 from redis.exceptions import NoScriptError
 
-from celery_funnel import Decision, Funnel, RedisFunnel
+from celery_funnel import Decision, Funnel, RedisFunnel, _inflight
 from celery_funnel._inflight import InFlight
 from celery_funnel.testing import RedisServer
 from tests.integration.proj import close_app, make_app, runs
@@ -144,3 +144,19 @@ def test_every_task_runs_once_while_scripts_are_flushed_and_connections_killed(
     assert kills > 0
     once_each(standalone_url, "proj.plain", ids)
     assert "carrying a decided request on failed" not in logs
+
+
+def test_a_deferral_sends_the_next_decisions_the_ordinary_way_for_a_while(
+    redis_funnel: RedisFunnel, hub: Hub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While tasks are deferred, each decision waits for its reply, as before: tasks
+    coming back for their slots are decided at their time (all in flight, a 10 000-task
+    burst took 142 s instead of 34-54 s)."""
+    inflight = InFlight(lambda: redis_funnel, hub)
+    assert inflight.on
+    inflight.deferred()
+    assert not inflight.on
+    clock = time.monotonic() + _inflight.CALM_SECONDS
+    monkeypatch.setattr(_inflight.time, "monotonic", lambda: clock)
+    assert inflight.on
+    assert InFlight(lambda: redis_funnel, None).on is False  # no event loop: always wait
