@@ -33,6 +33,7 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._table import markdown, spread
 from celery_funnel.testing import CeleryWorkers, RedisServer, peak
 from tests.integration.proj import make_app, runs
 
@@ -134,19 +135,18 @@ def overhead(url: str, noops: int, rounds: int) -> dict[str, dict[str, float]]:
 
 def overhead_table(results: dict[str, dict[str, float]], noops: int, rounds: int) -> str:
     """Never-limited FunnelTask against plain tasks, per pool (``overhead``)."""
-    lines = [
+    caption = (
         f"Never-limited no-ops on 1 worker (concurrency 2), {rounds} alternating rounds of"
-        f" {noops} each, sent and waited for (median of paired ratios, range in brackets)",
-        "",
-        "| pool | plain tasks/s | FunnelTask tasks/s | FunnelTask / plain |",
-        "| --- | ---: | ---: | ---: |",
-    ]
-    for pool, t in results.items():
-        lines.append(
-            f"| {pool} | {t['plain']:.0f} | {t['funnel']:.0f} |"
-            f" {t['ratio']:.3f} [{t['low']:.2f}-{t['high']:.2f}] |"
-        )
-    return "\n".join(lines)
+        f" {noops} each, sent and waited for (median of paired ratios, range in brackets)"
+    )
+    return markdown(
+        caption,
+        ["pool", "plain tasks/s", "FunnelTask tasks/s", "FunnelTask / plain"],
+        (
+            [pool, f"{t['plain']:.0f}", f"{t['funnel']:.0f}", spread(t)]
+            for pool, t in results.items()
+        ),
+    )
 
 
 def main() -> None:

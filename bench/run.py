@@ -34,6 +34,7 @@ import redis
 from bench import accuracy, core, memory
 from bench import celery as celery_bench
 from bench import worker as worker_bench
+from bench._table import spread
 from celery_funnel.testing import RedisServer
 
 ROOT = HERE.parent
@@ -109,9 +110,7 @@ def section_worker(tasks: int, rounds: int) -> tuple[str, Headline]:
         version = server.version
     headline = [
         (f"time per task in one worker / plain Celery's, {row}",
-         ", ".join(f"{pool} {results[f'{pool}: {row}']['ratio']:.3f}"
-                   f" [{results[f'{pool}: {row}']['low']:.2f}-{results[f'{pool}: {row}']['high']:.2f}]"
-                   for pool in ("prefork", "threads")),
+         ", ".join(f"{pool} {spread(results[f'{pool}: {row}'])}" for pool in ("prefork", "threads")),
          "at most 1.15")
         for row in ("FunnelTask, never limited", "funnel_limits, never limited")
     ]  # fmt: skip
@@ -124,8 +123,7 @@ def section_celery(tasks: int, noops: int, rounds: int) -> tuple[str, Headline]:
         results = celery_bench.overhead(server.url, noops, rounds)
     headline = [
         ("end-to-end throughput, never-limited FunnelTask / plain task",
-         ", ".join(f"{pool} {r['ratio']:.3f} [{r['low']:.2f}-{r['high']:.2f}]"
-                   for pool, r in results.items()),
+         ", ".join(f"{pool} {spread(r)}" for pool, r in results.items()),
          "at least 0.95"),
     ]  # fmt: skip
     overhead = celery_bench.overhead_table(results, noops, rounds)

@@ -34,6 +34,7 @@ import uuid
 import redis
 from celery import Celery
 
+from bench._table import markdown, spread
 from celery_funnel.testing import CeleryWorkers, RedisServer
 
 ROOT = HERE.parent
@@ -101,20 +102,19 @@ def run(url: str, count: int, rounds: int, pools: list[str]) -> dict[str, dict[s
 
 
 def table(results: dict[str, dict[str, float]], count: int, rounds: int, version: str) -> str:
-    lines = [
+    caption = (
         f"One worker process (-c 1) draining {count} pre-filled no-op tasks, Redis {version}"
         f" broker and funnels; median of {rounds} rounds; cost ratio = time per task over"
-        " plain Celery's in the same round (range in brackets)",
-        "",
-        "| pool: row | tasks/s | us per task | cost / plain Celery |",
-        "| --- | ---: | ---: | ---: |",
-    ]
-    for name, r in results.items():
-        lines.append(
-            f"| {name} | {r['rate']:.0f} | {r['cost_us']:.0f} |"
-            f" {r['ratio']:.3f} [{r['low']:.2f}-{r['high']:.2f}] |"
-        )
-    return "\n".join(lines)
+        " plain Celery's in the same round (range in brackets)"
+    )
+    return markdown(
+        caption,
+        ["pool: row", "tasks/s", "us per task", "cost / plain Celery"],
+        (
+            [name, f"{r['rate']:.0f}", f"{r['cost_us']:.0f}", spread(r)]
+            for name, r in results.items()
+        ),
+    )
 
 
 def main() -> None:
