@@ -5,7 +5,8 @@ for."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dataclasses
+from collections.abc import Callable, Hashable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -16,8 +17,14 @@ from ._inflight import InFlight
 from ._leases import Lease
 from ._live import Live
 from ._runtime import Runtime
+from ._scripts import Call
 
 __all__ = ["InFlightSteps"]
+
+# What a call captured for the calls cache carries where the task id goes: no task id is
+# this string (Celery's are UUIDs; a user's own ids are printable)
+STAND_IN = "\x00celery-funnel:task-id"
+CALLS = 1024  # the calls cache's bound: one entry per set of charges and state
 
 
 class InFlightSteps:
@@ -26,6 +33,7 @@ class InFlightSteps:
     runtime: Runtime
     live: Live
     inflight: InFlight
+    calls: dict[Hashable, Call | None]  # the call per charges, state and subject, task id aside
 
     if TYPE_CHECKING:  # the worker gate's own
 
@@ -51,10 +59,9 @@ class InFlightSteps:
             return False
         if self.live.overrides.paused(charges) is not None:
             return False
-        decide = partial(
-            judge, self.runtime, self._subject(request), self.live.overrides.apply(charges), state
-        )
-        call, _ = self.inflight.capture(lambda store: decide(funnel=store))
+        subject, charges = self._subject(request), self.live.overrides.apply(charges)
+        decide = partial(judge, self.runtime, subject, charges, state)
+        call = self._call(subject, charges, state)
         if call is None:  # decided without Redis: decide again the ordinary way
             return False
         try:
@@ -62,6 +69,36 @@ class InFlightSteps:
         except (RedisError, OSError):  # the ordinary way, with the outage policy
             return False
         return True
+
+    def _call(self, subject: Subject, charges: Sequence[Charge], state: State) -> Call | None:
+        """The one script call judging ``subject`` makes (None: it makes none). It
+        differs between runs of the same charges and state only by the task id (the
+        ticket), so it is captured once, with a stand-in id, and reused with the task's:
+        deciding twice per task (capture, then replay on the reply) cost about a sixth
+        of the gate's time. The reply is still decoded by the decision replayed."""
+        try:
+            key: Hashable = (tuple(charges), state, subject.policy, subject.dry_run)
+            hash(key)
+        except TypeError:  # an unhashable option value (a mapping): captured each time
+            key = None
+        if key is None or subject.expires_in is not None:  # max_wait: the task's own
+            return self.inflight.capture(partial(self._judge, subject, charges, state))[0]
+        if key not in self.calls:
+            if len(self.calls) >= CALLS:
+                self.calls.clear()
+            stand_in = dataclasses.replace(subject, task_id=STAND_IN)
+            self.calls[key], _ = self.inflight.capture(
+                partial(self._judge, stand_in, charges, state)
+            )
+        template = self.calls[key]
+        if template is None:
+            return None
+        script, keys, args = template
+        task_id = subject.task_id
+        return script, keys, [task_id if arg == STAND_IN else arg for arg in args]
+
+    def _judge(self, subject: Subject, charges: Sequence[Charge], state: State, store: Any) -> Step:
+        return judge(self.runtime, subject, charges, state, funnel=store)
 
     def _resume(
         self,

@@ -81,6 +81,7 @@ class WorkerGate(SlotWaits, InFlightSteps):
         self.live = live_for(consumer.app)
         self.seats = Seats(runtime, consumer.app, self.node, self.hostname)
         self.inflight = InFlight(lambda: runtime.funnel, getattr(consumer, "hub", None))
+        self.calls = {}
 
     def limits_for(self, name: str) -> tuple[Limit, ...]:
         """Every worker-wide limit whose pattern matches task ``name``."""

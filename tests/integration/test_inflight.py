@@ -17,8 +17,13 @@ import redis
 from kombu.asynchronous import Hub
 from redis.exceptions import NoScriptError
 
-from celery_funnel import Decision, Funnel, RedisFunnel, _inflight
+from celery_funnel import Decision, Funnel, Limit, Rate, RedisFunnel, _inflight
+from celery_funnel._gate import Charge, State, Step, Subject, judge
 from celery_funnel._inflight import InFlight
+from celery_funnel._inflight_gate import STAND_IN, InFlightSteps
+from celery_funnel._keys import tickets_key
+from celery_funnel._live import live_for
+from celery_funnel._runtime import runtime_for
 from celery_funnel.testing import RedisServer
 from tests.integration.proj import close_app, make_app, runs
 from tests.integration.test_one_gate import once_each, send, workers
@@ -160,3 +165,47 @@ def test_a_deferral_sends_the_next_decisions_the_ordinary_way_for_a_while(
     monkeypatch.setattr(_inflight.time, "monotonic", lambda: clock)
     assert inflight.on
     assert InFlight(lambda: redis_funnel, None).on is False  # no event loop: always wait
+
+
+class _Gate(InFlightSteps):
+    """The in-flight steps of the worker gate over a real app's runtime and Redis."""
+
+    def __init__(self, app: Any, hub: Hub) -> None:
+        self.runtime = runtime_for(app)
+        self.live = live_for(app)
+        self.inflight = InFlight(lambda: self.runtime.funnel, hub)
+        self.calls = {}
+
+
+def test_a_call_reused_for_the_same_charges_carries_each_tasks_own_ticket(
+    redis_url: str, redis_client: redis.Redis, hub: Hub
+) -> None:
+    app = make_app(redis_url, redis_url)
+    try:
+        gate = _Gate(app, hub)
+        charge = Charge(Limit(Rate.parse("1/s")), "{inflight}:reused", 1, "t")
+        loaded = Charge(Limit(Rate.parse("1/s")), "{inflight}:loaded", 1, "t")
+        assert judge(gate.runtime, Subject("t", "0", "allow"), [loaded], State()).run
+        subjects = [Subject("t", task_id, "allow") for task_id in ("a", "b", "c")]
+        calls = [gate._call(s, [charge], State()) for s in subjects]
+        assert len(gate.calls) == 1  # captured once, for the three tasks
+        steps: dict[str, Step] = {}
+
+        def resume(subject: Subject, reply: Any) -> None:
+            assert not isinstance(reply, BaseException), reply
+            decide = partial(judge, gate.runtime, subject, [charge], State())
+            steps[subject.task_id] = decide(funnel=gate.inflight.replay(reply, None))
+
+        for subject, call in zip(subjects, calls, strict=True):
+            assert call is not None
+            assert subject.task_id in call[2]
+            assert STAND_IN not in call[2]
+            gate.inflight.send(call, partial(resume, subject))
+        spin(hub, lambda: len(steps) == 3)
+        assert [steps[t].run for t in "abc"] == [True, False, False]
+        assert steps["b"].delay < steps["c"].delay  # one slot each, in order
+        booked = redis_client.zrange(tickets_key("{inflight}:reused"), 0, -1)
+        assert booked == [b"b", b"c"]  # under each task's own id
+        gate.inflight.close()
+    finally:
+        close_app(app)
