@@ -47,6 +47,7 @@ from celery_funnel import RedisFunnel
 from celery_funnel.testing import RedisServer
 
 FLOOR = "ref: TIME+GET+SET, no maths"
+FLOOR_SCRIPTS_WRITTEN = "ref: TIME+GET+SET, numbers read and written"
 FLOOR_SCRIPTS = {
     "ref: EVALSHA `return 1`": "return 1",
     FLOOR: (
@@ -60,7 +61,7 @@ FLOOR_SCRIPTS = {
         "local v = tonumber(redis.call('GET', KEYS[1])) or now "
         "redis.call('SET', KEYS[1], '1700000000000000', 'PX', '1000') return 1"
     ),
-    "ref: TIME+GET+SET, numbers read and written": (
+    FLOOR_SCRIPTS_WRITTEN: (
         "local c = redis.call('TIME') local now = c[1] * 1000000 + c[2] "
         "local v = tonumber(redis.call('GET', KEYS[1])) or now "
         "redis.call('SET', KEYS[1], now + 1000000, 'PX', 1000) return 1"
