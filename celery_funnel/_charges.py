@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from ._gate import Charge
-from ._limit import Limit
+from ._limit import Limit, fixed
 from ._runtime import Runtime
 
 __all__ = ["MAPS", "Charges", "matching"]
@@ -49,6 +49,7 @@ class Charges:
     def __init__(self, runtime: Runtime, app: Any, hostname: str) -> None:
         self.runtime, self.app, self.hostname = runtime, app, hostname
         self._by_name: dict[str, tuple[Limit, ...]] = {}
+        self._fixed: dict[str, tuple[Charge, ...]] = {}  # per task name, when all fixed
 
     def worker_limits(self, name: str) -> tuple[Limit, ...]:
         """Every worker-wide limit whose pattern matches task ``name``."""
@@ -79,9 +80,22 @@ class Charges:
         own = getattr(task, "_funnel_charges", None)
         if own is not None:
             charges.extend(own(self.runtime, args, kwargs))
-        for limit in self.worker_limits(name):
-            cost = limit.cost_of(args, kwargs)
-            charges.append(Charge(limit, self.key(limit), cost, f"limit:{limit.pattern}"))
+        charges.extend(self._worker_charges(name, args, kwargs))
+        return charges
+
+    def _worker_charges(
+        self, name: str, args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> tuple[Charge, ...]:
+        known = self._fixed.get(name)
+        if known is not None:
+            return known
+        limits = self.worker_limits(name)
+        charges = tuple(
+            Charge(limit, self.key(limit), limit.cost_of(args, kwargs), f"limit:{limit.pattern}")
+            for limit in limits
+        )
+        if all(fixed(limit) for limit in limits):
+            self._fixed[name] = charges
         return charges
 
     def _of_map(self, type_: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Charge]:

@@ -70,6 +70,12 @@ class Verdict(NamedTuple):
     queued: int = 0  # fair share: 1 join the tenant's waiting queue, 2 in front (_fair)
 
 
+def fixed(limit: Limit) -> bool:
+    """Whether every run pays ``limit`` alike: one funnel (no key), a cost that is a
+    number, no tenants. Such charges are built once per task type."""
+    return limit.key is None and not callable(limit.cost) and limit.fair_by is None
+
+
 def key_part(
     key: str | KeyFunc | None,
     run: Callable[..., Any],

@@ -6,13 +6,15 @@ import re
 import uuid
 
 import pytest
+from celery import Celery
 from hypothesis import given
 from hypothesis import strategies as st
 from kombu.entity import Queue
 
-from celery_funnel import ConfigurationError, FunnelTask, Rate
+from celery_funnel import ConfigurationError, FunnelTask, Rate, install
 from celery_funnel._countdown import CountdownPolicy, policy_for
-from celery_funnel._limit import parse_limit, safe_part
+from celery_funnel._limit import fixed, parse_limit, safe_part
+from celery_funnel._runtime import runtime_for
 from celery_funnel._settings import FunnelSettings
 from celery_funnel._task_options import limits_of
 from celery_funnel._values import check_plain, did_you_mean, format_fields, to_bool
@@ -370,3 +372,29 @@ def test_a_subclass_may_override_funnel_methods() -> None:
         def funnel_backoff(self, seconds: float) -> None: ...
 
     assert limits_of(Custom)[0].rate == Rate(5, 1)
+
+
+def test_charges_are_built_once_only_when_every_run_pays_alike() -> None:
+    app = install(Celery("charges", broker="memory://", set_as_current=False))
+    app.conf.update(funnel_redis_url="redis://127.0.0.1:1/0")
+
+    @app.task(base=FunnelTask, funnel_rate="5/s", shared=False)
+    def one_funnel(n: int) -> None: ...
+
+    @app.task(base=FunnelTask, funnel_rate="5/s", funnel_key="{n}", shared=False)
+    def per_n(n: int) -> None: ...
+
+    @app.task(base=FunnelTask, funnel_rate="5/s", funnel_cost=lambda n: n, shared=False)
+    def costly(n: int) -> None: ...
+
+    app.finalize()
+    one_funnel, per_n, costly = (app.tasks[t.name] for t in (one_funnel, per_n, costly))
+    runtime = runtime_for(app)
+    assert [fixed(limits_of(t)[0]) for t in (one_funnel, per_n, costly)] == [True, False, False]
+    first, second = (one_funnel._funnel_charges(runtime, (n,), {}) for n in (1, 2))
+    assert first == second
+    assert first is not second  # a copy: a caller may extend its list
+    assert one_funnel._funnel_charges(runtime, (3,), {})[0] is first[0]  # built once
+    keys = {per_n._funnel_charges(runtime, (n,), {})[0].key for n in (1, 2)}
+    assert len(keys) == 2
+    assert [costly._funnel_charges(runtime, (n,), {})[0].cost for n in (1, 2)] == [1, 2]
