@@ -28,7 +28,6 @@ from celery.worker.state import task_ready
 
 from ._charges import Charges
 from ._checks import check_app
-from ._fair_gate import fair_charge
 from ._gate import (
     HEADER,
     RUN,
@@ -39,9 +38,6 @@ from ._gate import (
     gate_mark,
     judge,
     label_of,
-    lead,
-    report_wait,
-    requeued,
 )
 from ._held import Held, give_back_booking
 from ._inflight import InFlight
@@ -50,14 +46,13 @@ from ._keys import safe_part
 from ._leases import Lease
 from ._limit import Limit
 from ._live import live_for
-from ._outage import BACKOFF_FIRST_SECONDS
 from ._parking import Parking
-from ._republish import republish
 from ._requests import fail_request, until_expiry
 from ._runtime import Runtime, runtime_for
 from ._seats import Seats
 from ._slot_gate import SlotWaits
 from ._task_options import concurrency_of, dry_run_of, policy_of
+from ._wait_gate import WaitSteps
 from .task import FunnelTask, limits_of
 
 __all__ = ["FunnelGate", "WorkerGate"]
@@ -65,7 +60,7 @@ __all__ = ["FunnelGate", "WorkerGate"]
 logger = logging.getLogger("celery_funnel")
 
 
-class WorkerGate(SlotWaits, InFlightSteps):
+class WorkerGate(SlotWaits, InFlightSteps, WaitSteps):
     """Wraps ``on_task_request``: passes a request on once every funnel that applies to
     it admits it; holds, re-publishes or fails it otherwise."""
 
@@ -177,84 +172,6 @@ class WorkerGate(SlotWaits, InFlightSteps):
     def waiting(self) -> dict[str, int]:
         """How many requests this worker holds, per funnel label."""
         return dict(Counter(label_of(charges) for charges in self.held.charges()))
-
-    def _wait(self, request: Any, charges: Sequence[Charge], step: Step) -> None:
-        policy = self.runtime.countdowns
-        # un-acked so far: the countdown it came with (an ETA message is held un-acked)
-        # and what this worker held it for before
-        budget = policy.cap - step.state.waited
-        # a booked slot is honoured a little early: aim there, timers fire late
-        aim = step.delay - lead(charges) if step.booked else step.delay
-        hold = min(max(aim, 0.0), until_expiry(request))
-        subject = self._subject(request)
-        label = label_of(charges)
-        until = until_expiry(request)
-        if step.queued or self.parking.wants(step.delay, until, outage=step.outage):
-            report_wait(
-                self.runtime, subject, label, step, requeued=True,
-                send_event=self._send_event(request),
-            )  # fmt: skip
-            self._park(request, charges, step, label)
-            return
-        if hold <= budget or policy.waits_in_place(step.delay):
-            report_wait(
-                self.runtime, subject, label, step, requeued=False,
-                send_event=self._send_event(request),
-            )  # fmt: skip
-            waited = step.state.waited + hold
-            self._hold(request, charges, step.state._replace(waited=waited), hold)
-            return
-        report_wait(
-            self.runtime, subject, label, step, requeued=True,
-            send_event=self._send_event(request),
-        )  # fmt: skip
-        self._republish(request, charges, step)
-
-    def _republish(self, request: Any, charges: Sequence[Charge], step: Step) -> None:
-        """Publish the task again for the capped countdown; ack the original after."""
-        # never past its expiry: it then arrives expired, and ends as Celery ends those
-        countdown = min(self.runtime.countdowns.countdown(step.delay), until_expiry(request))
-        try:
-            republish(
-                request.task, request._context, request.args, request.kwargs,
-                countdown=countdown, state=requeued(step.state, countdown),
-                content_type=request.content_type, content_encoding=request.content_encoding,
-            )  # fmt: skip
-        except Exception as error:  # keep it, try again shortly
-            logger.warning(
-                "celery-funnel: could not publish deferred task %s[%s] again (%r);"
-                " holding it %.0f s",
-                request.name, request.id, error, BACKOFF_FIRST_SECONDS,
-            )  # fmt: skip
-            self._hold(request, charges, step.state, BACKOFF_FIRST_SECONDS)
-            return
-        request.acknowledge()
-        task_ready(request)
-
-    def _park(self, request: Any, charges: Sequence[Charge], step: Step, label: str) -> bool:
-        """Park the task in the funnels' Redis until its slot; ack the original after.
-        False when it could not be parked (it is held, to try again shortly)."""
-        fair = fair_charge(charges, step.queued)
-        try:
-            fresh = self.parking.park(request, requeued(step.state, 0.0), step.delay, label, fair)
-        except Exception as error:  # keep it, try again shortly
-            logger.warning(
-                "celery-funnel: could not park deferred task %s[%s] (%r); holding it %.0f s",
-                request.name, request.id, error, BACKOFF_FIRST_SECONDS,
-            )  # fmt: skip
-            self._hold(request, charges, step.state, BACKOFF_FIRST_SECONDS)
-            return False
-        if not fresh:
-            logger.info(
-                "celery-funnel: task %s[%s] ran already (a stale copy): dropped",
-                request.name, request.id,
-            )  # fmt: skip
-        request.acknowledge()
-        task_ready(request)
-        return fresh
-
-    def _hold(self, request: Any, charges: Sequence[Charge], state: State, delay: float) -> None:
-        self.held.hold(request, charges, state, delay)
 
     def drop_held(self) -> int:
         """Forget every held request, and those whose decision is in flight (the broker
