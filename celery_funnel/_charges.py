@@ -17,7 +17,7 @@ import fnmatch
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from ._gate import Charge
+from ._charging import Charge
 from ._limit import Limit, fixed
 from ._runtime import Runtime
 

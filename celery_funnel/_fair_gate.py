@@ -17,10 +17,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ._charging import Charge
 from ._errors import BackendError
 from ._fair import Fair, rank, weight_of
 from ._fair_store import FairStore
-from ._gate import Charge
 from ._limit import Limit, Verdict, select_part
 from .strategies.gcra import shape
 from .strategies.reservation import DEFAULT_EARLY_SECONDS

@@ -10,7 +10,8 @@ from typing import Any
 
 from celery.worker.state import revoked as revoked_tasks
 
-from ._gate import Charge, State, joint
+from ._charging import Charge, joint
+from ._gate_state import State
 from ._give_back import give_back
 from ._runtime import Runtime
 

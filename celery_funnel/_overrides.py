@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from ._charging import Charge
 from ._errors import ConfigurationError
-from ._gate import Charge
 from ._limit import Limit
 from ._rate import Rate
 from ._values import MAX_CAPACITY

@@ -16,10 +16,10 @@ from collections.abc import Mapping
 from functools import cached_property, partial
 from typing import Any
 
+from ._charging import Charge, FairStep
 from ._errors import BackendError
 from ._fair_gate import SAFETY_SECONDS, Queues, admit
 from ._fair_store import FairStore
-from ._gate import Charge, FairStep
 from ._gate_state import State
 from ._park import ParkStore
 from ._republish import park
