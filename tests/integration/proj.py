@@ -77,6 +77,8 @@ def make_app(
                     .get("celery_funnel", {})
                     .get("deferrals", 0),
                     "requeues": (request.headers or {}).get("celery_funnel", {}).get("requeues", 0),
+                    # times its booked slot had passed when it came back (booked anew)
+                    "stale": (request.headers or {}).get("celery_funnel", {}).get("stale", 0),
                 }
             ),
         )

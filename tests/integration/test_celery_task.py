@@ -52,7 +52,9 @@ def test_throttled_tasks_run_once_each_at_the_funnel_rate(
     deferred = [r for r in recorded if r["deferrals"]]
     assert deferred, "some tasks were deferred"
     assert all(r["retries"] == 0 for r in recorded)
-    assert all(r["deferrals"] == 1 for r in deferred), "reservation: one deferral each"
+    # reservation: one deferral each, and one more only each time the task came back
+    # after its booked slot's late grace (a timer late on a loaded machine: "stale")
+    assert all(r["deferrals"] == 1 + r["stale"] for r in deferred), deferred
 
 
 def test_deferral_keeps_chain_links_headers_queue_and_priority(
