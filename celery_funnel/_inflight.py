@@ -29,6 +29,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ._lean import Lean, lean
 from ._scripts import Call
 from .backends._chain import Capture, Captured, Replay
 
@@ -57,6 +58,7 @@ class InFlight:
         self.funnel, self.hub = funnel, hub
         self.connection: Any = None
         self.fd: int | None = None
+        self.lean: Lean | None = None  # the connection's socket read directly (_lean)
         self.pending: deque[Resume] = deque()
         self.calm_from = 0.0  # monotonic time from which decisions go in flight again
 
@@ -96,7 +98,10 @@ class InFlight:
         script, keys, args = call
         connection = self._connection()
         try:
-            connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            if self.lean is not None:
+                self.lean.send("EVALSHA", script.sha, len(keys), *keys, *args)
+            else:
+                connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
         except (RedisError, OSError):
             self._lost(RedisConnectionError("sending a decision failed"))
             raise
@@ -115,26 +120,43 @@ class InFlight:
                 connection = self.pool.get_connection("EVALSHA")
             connection.connect()
             self.connection, self.fd = connection, connection._sock.fileno()
+            self.lean = lean(connection)
         if self.fd not in getattr(self.hub, "readers", {}):  # a restarted consumer's hub
             self.hub.add_reader(self.fd, self._on_readable)
         return self.connection
 
     def _on_readable(self, *_: Any) -> None:
+        if self.lean is not None:
+            return self._read_lean(self.lean)
         while self.pending:
             try:
                 if not self.connection.can_read(timeout=0):
-                    return
+                    return None
                 reply: Any = self.connection.read_response()
             except (RedisConnectionError, RedisTimeoutError, OSError) as error:
-                self._lost(error)
-                return
+                return self._lost(error)
             except RedisError as error:  # an error reply: that call's answer
                 reply = error
-            resume = self.pending.popleft()
-            try:
-                resume(reply)
-            except Exception:  # one request's trouble must not stop the event loop
-                logger.exception("celery-funnel: carrying a decided request on failed")
+            self._resume_next(reply)
+        return None
+
+    def _read_lean(self, way: Lean) -> None:
+        try:
+            replies = way.replies()
+        except (RedisError, OSError) as error:  # closed, or not the protocol
+            return self._lost(error)
+        for reply in replies:
+            if not self.pending:  # dropped meanwhile: the rest went with the connection
+                return None
+            self._resume_next(reply)
+        return None
+
+    def _resume_next(self, reply: Any) -> None:
+        resume = self.pending.popleft()
+        try:
+            resume(reply)
+        except Exception:  # one request's trouble must not stop the event loop
+            logger.exception("celery-funnel: carrying a decided request on failed")
 
     def _lost(self, error: BaseException) -> None:
         """The connection failed: every request waiting goes the ordinary way."""
@@ -151,7 +173,7 @@ class InFlight:
         return dropped
 
     def _close(self) -> None:
-        connection, self.connection = self.connection, None
+        connection, self.connection, self.lean = self.connection, None, None
         if connection is None:
             return
         try:

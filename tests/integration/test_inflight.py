@@ -34,6 +34,19 @@ ONE_REDIS = True  # one Redis version is enough here (tests/conftest.py)
 NOW = 1_700_000_000.0
 
 
+@pytest.fixture(params=["lean", "redis-py"])
+def way(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """How the replies are read: straight off the socket by hiredis (``_lean``, where
+    it can be), or through redis-py's connection."""
+    if request.param == "redis-py":
+        monkeypatch.setattr(_inflight, "lean", lambda connection: None)
+    return str(request.param)
+
+
+def assert_way(inflight: InFlight, way: str) -> None:
+    assert (inflight.lean is not None) == (way == "lean"), "the way to read replies"
+
+
 @pytest.fixture
 def hub() -> Iterator[Hub]:
     loop = Hub()
@@ -58,9 +71,11 @@ def _decision(funnel: Funnel, i: int) -> Decision:
     return funnel.throttle(f"{{t}}:{i % 3}", 2, 10, 1, now=NOW + i * 0.01)
 
 
+@pytest.mark.parametrize("protocol", [2, 3])
 def test_replies_read_by_the_event_loop_decide_as_waiting_would(
-    redis_funnel: RedisFunnel, hub: Hub, redis_client: redis.Redis
+    redis_url: str, hub: Hub, redis_client: redis.Redis, way: str, protocol: int
 ) -> None:
+    redis_funnel = RedisFunnel.from_url(redis_url, socket_timeout=5, protocol=protocol)
     redis_funnel.throttle("{t}:load", 1, 1, 1)  # the script loaded
     redis_client.flushall()
     got: dict[int, Decision] = {}
@@ -74,16 +89,18 @@ def test_replies_read_by_the_event_loop_decide_as_waiting_would(
         call, _ = inflight.capture(decide)
         assert call is not None
         inflight.send(call, partial(resume, i, decide))
+    assert_way(inflight, way)
     spin(hub, lambda: len(got) == 30)
     redis_client.flushall()
     assert [got[i] for i in range(30)] == [decide(redis_funnel) for decide in decisions(30)]
     assert any(d.limited for d in got.values())
     assert not all(d.limited for d in got.values())
     inflight.close()
+    redis_funnel.client.close()
 
 
 def test_an_error_reply_and_a_killed_connection_resume_every_waiting_request(
-    redis_funnel: RedisFunnel, hub: Hub, redis_client: redis.Redis
+    redis_funnel: RedisFunnel, hub: Hub, redis_client: redis.Redis, way: str
 ) -> None:
     got: list[Any] = []
     inflight = InFlight(lambda: redis_funnel, hub)
@@ -92,6 +109,7 @@ def test_an_error_reply_and_a_killed_connection_resume_every_waiting_request(
     assert call is not None
     redis_client.script_flush()
     inflight.send(call, got.append)
+    assert_way(inflight, way)
     spin(hub, lambda: len(got) == 1)
     assert isinstance(got[0], NoScriptError)
     redis_funnel.throttle("{t}:load", 1, 1, 1)  # loads the script again
