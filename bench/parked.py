@@ -54,7 +54,7 @@ def samples(
 
 def run(tasks: int, seconds: float, park: bool) -> tuple[float, list[dict[str, float]]]:
     """Idle RSS (MiB), then the samples while ``tasks`` wait behind the funnel."""
-    with RedisServer() as broker_server, RedisServer() as funnel_server:
+    with RedisServer() as broker_server, RedisServer(aof=True) as funnel_server:
         env = {
             "FUNNEL_TEST_BROKER": broker_server.url, "FUNNEL_TEST_REDIS": funnel_server.url,
             "FUNNEL_TEST_RATE": RATE, "FUNNEL_TEST_PARK": "1" if park else "0",

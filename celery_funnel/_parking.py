@@ -44,9 +44,24 @@ class Parking:
             self.store = ParkStore(client, settings.key_prefix)
             self.fair = FairStore(client, settings.key_prefix)
             self.queues = Queues(self.fair)
-        self.on = settings.park and self.store is not None
+        self.persistence = runtime.persistence if self.store is not None else None
         self.after = min(settings.park_after, runtime.countdowns.cap)
         self._failing = False
+
+    @property
+    def on(self) -> bool:
+        """Whether waits are parked now: never on a Redis that can forget them
+        (``_persistence``)."""
+        return self.persistence is not None and self.persistence.keeps()
+
+    def start(self) -> None:
+        """At worker start: read the funnels' Redis, say why parking is off.
+
+        Raises:
+            ConfigurationError: ``funnel_park=True`` on a Redis without AOF.
+        """
+        if self.persistence is not None:
+            self.persistence.start()
 
     def wants(self, delay: float, until_expiry: float, *, outage: bool) -> bool:
         """Whether a wait of ``delay`` seconds is parked."""

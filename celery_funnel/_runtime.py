@@ -14,6 +14,7 @@ from ._errors import ConfigurationError
 from ._keys import limit_key, task_key
 from ._observe import Observer
 from ._outage import OutageLog
+from ._persistence import Persistence
 from ._settings import FunnelSettings, read_setting
 from .backends._check import Finding, check, report
 from .backends.base import Funnel
@@ -71,6 +72,11 @@ class Runtime:
     @cached_property
     def observer(self) -> Observer:
         return Observer(self.app)
+
+    @cached_property
+    def persistence(self) -> Persistence:
+        """Whether tasks may be parked in the funnels' Redis (``funnel_park``)."""
+        return Persistence(self.funnel.client, self.settings.park)  # type: ignore[attr-defined]
 
     @cached_property
     def countdowns(self) -> CountdownPolicy:

@@ -14,7 +14,6 @@ from typing import Any
 
 from ._charges import matching
 from ._concurrency import Concurrency
-from ._errors import ConfigurationError
 from ._lease_keeper import Leases, connect, leases_for
 from ._leases import Lease, Seat, seats_of
 from ._limit import key_part
@@ -46,11 +45,6 @@ class Seats:
             # the receivers that give slots back: only where slots are taken, so that
             # other apps' tasks do not pay a task_postrun signal each
             connect()
-        if self.on and not runtime.settings.park:
-            raise ConfigurationError(
-                "funnel_park=False, but concurrency limits park the tasks that wait for a"
-                " slot (they are released when one frees): set funnel_park=True"
-            )
 
     @property
     def leases(self) -> Leases:

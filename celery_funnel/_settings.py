@@ -39,7 +39,7 @@ _DEFAULTS: dict[str, Any] = {
     "funnel_socket_timeout": 1.0,
     "funnel_on_backend_error": "defer",
     "funnel_dry_run": False,
-    "funnel_park": True,
+    "funnel_park": "auto",
     "funnel_park_after": 5.0,
     "funnel_park_lease": 30.0,
     "funnel_lease_ttl": 30.0,
@@ -121,6 +121,19 @@ def _limits(value: Any) -> tuple[tuple[Limit, ...], tuple[Concurrency, ...]]:
     return tuple(limits), tuple(concurrency)
 
 
+def _park_mode(value: Any) -> bool | str:
+    """``funnel_park``: "auto", or a boolean."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        return to_bool("funnel_park", value)
+    except ConfigurationError:
+        raise ConfigurationError(
+            f"funnel_park must be 'auto' (park where the funnels' Redis has AOF on), True"
+            f" or False, got {value!r}"
+        ) from None
+
+
 def _max_deferrals(value: Any) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise ConfigurationError(
@@ -147,7 +160,9 @@ class FunnelSettings:
     socket_timeout: float = 1.0
     on_backend_error: str = "defer"
     dry_run: bool = False
-    park: bool = True  # park waits longer than park_after in Redis (not the broker)
+    # park waits longer than park_after in Redis (not the broker): "auto" where that
+    # Redis has AOF on (_persistence), True insists, False never
+    park: bool | str = "auto"
     park_after: float = 5.0  # seconds
     park_lease: float = 30.0  # seconds a releaser's claim lasts
     concurrency: tuple[Concurrency, ...] = ()  # funnel_limits entries with "concurrency"
@@ -190,7 +205,7 @@ class FunnelSettings:
                 "funnel_on_backend_error", get("funnel_on_backend_error")
             ),
             dry_run=to_bool("funnel_dry_run", get("funnel_dry_run")),
-            park=to_bool("funnel_park", get("funnel_park")),
+            park=_park_mode(get("funnel_park")),
             park_after=number("funnel_park_after", get("funnel_park_after"), 0.0, 3600.0),
             park_lease=number("funnel_park_lease", get("funnel_park_lease"), 1.0, 3600.0),
             concurrency=concurrency,

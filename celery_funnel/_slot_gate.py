@@ -13,6 +13,7 @@ from ._errors import BackendError
 from ._gate import HEADER, Charge, State, Step, Subject, gate_mark, report_wait
 from ._gate import _outage as outage_step
 from ._leases import Lease, Seat
+from ._parking import Parking
 from ._runtime import Runtime
 from ._seats import WAIT_SECONDS, Seats
 
@@ -20,12 +21,16 @@ __all__ = ["SlotWaits"]
 
 logger = logging.getLogger("celery_funnel")
 
+# how often a task waiting for a slot in the worker (nothing parked) tries again
+POLL_SECONDS = 0.5
+
 
 class SlotWaits:
     """What the worker gate does with the concurrency slots of a request."""
 
     runtime: Runtime
     seats: Seats
+    parking: Parking
     handle: Callable[[Any], Any]
 
     if TYPE_CHECKING:  # the worker gate's own
@@ -86,8 +91,14 @@ class SlotWaits:
         self, request: Any, charges: Sequence[Charge], state: State, seats: Sequence[Seat]
     ) -> None:
         """No slot: park the task with no release time and queue it; the run that frees
-        a slot hands it over and publishes it (``_leases``)."""
+        a slot hands it over and publishes it (``_leases``). Where nothing may be parked
+        (``_persistence``), the task waits in the worker (or the broker, past what it
+        may hold) and tries again every ``POLL_SECONDS``."""
         label = "+".join(seat.label for seat in seats)
+        if not self.parking.on:
+            after = state._replace(deferrals=state.deferrals + 1)
+            self._wait(request, charges, Step(run=False, delay=POLL_SECONDS, state=after))
+            return
         step = Step(
             run=False, delay=WAIT_SECONDS, state=state._replace(deferrals=state.deferrals + 1)
         )

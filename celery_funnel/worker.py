@@ -241,7 +241,9 @@ class FunnelGate(bootsteps.StartStopStep):  # type: ignore[misc]
         if settings.limits:
             settings.require_redis()
         if settings.limits or settings.concurrency or _funnel_tasks(consumer.app):
-            consumer.on_task_request = WorkerGate(runtime, consumer, consumer.on_task_request)
+            gate = WorkerGate(runtime, consumer, consumer.on_task_request)
+            gate.parking.start()  # funnel_park=True on a Redis without AOF stops here
+            consumer.on_task_request = gate
         if settings.limits:
             logger.info(
                 "celery-funnel: worker-wide limits on %s",

@@ -54,7 +54,9 @@ class ServerPool:
         if binary is None:
             return os.environ["REDIS_URL"]
         if server_id not in self.running:
-            self.running[server_id] = RedisServer(binary).start()
+            # with an append-only file, as production Redis that keeps parked tasks
+            # must be (``funnel_park="auto"`` parks only there)
+            self.running[server_id] = RedisServer(binary, aof=True).start()
         return self.running[server_id].url
 
     def stop(self) -> None:

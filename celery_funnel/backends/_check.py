@@ -138,19 +138,30 @@ def _eviction(client: Any) -> Finding | None:
     return None
 
 
-def _persistence(client: Any, parking: bool) -> Finding | None:
+def _persistence(client: Any, parking: bool | str) -> Finding | None:
     try:
         aof = str(_info(client, "persistence").get("aof_enabled", "0")) == "1"
         save = client.config_get("save").get("save", "") if not aof else "aof"
     except Refused:
         return None  # CONFIG refused (managed Redis): nothing to say
-    if not aof and not save and parking:
+    if aof:
+        return None
+    if parking is True:
         return Finding(
-            "warning", "persistence",
-            "persistence is off (no AOF, no RDB save) and deferred tasks are parked in this"
-            " Redis: a restart loses them; turn on AOF (appendonly yes) or RDB snapshots",
+            "error", "persistence",
+            "funnel_park=True, but this Redis has no append-only file: a restart would lose"
+            " every parked task, so the worker refuses to start; turn on AOF (appendonly"
+            " yes) or set funnel_park='auto'",
         )  # fmt: skip
-    if not aof and not save:
+    if parking:
+        return Finding(
+            "note", "persistence",
+            "no append-only file: no task is parked here (a restart would lose it); long"
+            " waits go back to the broker with capped countdowns; turn on AOF (appendonly"
+            " yes) to park them" + ("" if save else ". With no RDB save either, a restart"
+            " forgets every funnel, and each lets one full burst through"),
+        )  # fmt: skip
+    if not save:
         return Finding(
             "note", "persistence",
             "persistence is off (no AOF, no RDB save): a Redis restart forgets every"
@@ -159,9 +170,9 @@ def _persistence(client: Any, parking: bool) -> Finding | None:
     return None
 
 
-def check(funnel: RedisFunnel, prefix: str, *, parking: bool = False) -> list[Finding]:
+def check(funnel: RedisFunnel, prefix: str, *, parking: bool | str = False) -> list[Finding]:
     """Every problem found with ``funnel``'s Redis for keys under ``prefix``; [] when
-    it is fit. ``parking``: deferred tasks are parked in it (persistence matters more).
+    it is fit. ``parking``: ``funnel_park`` (parking needs an append-only file).
     Never raises for Redis errors: they become findings."""
     client = funnel.client
     try:

@@ -58,12 +58,16 @@ def free_port() -> int:
 
 
 class RedisServer:
-    """One private redis-server on 127.0.0.1, persisting nothing.
+    """One private redis-server on 127.0.0.1, persisting nothing, or with ``aof`` an
+    append-only file (``appendfsync everysec``): what celery-funnel needs to park tasks
+    (``funnel_park``), and what survives a ``kill()``.
 
     ``kill()`` and ``start()`` again keep the same port, so clients reconnect.
     """
 
-    def __init__(self, binary: str | None = None, port: int | None = None, *extra: str) -> None:
+    def __init__(
+        self, binary: str | None = None, port: int | None = None, *extra: str, aof: bool = False
+    ) -> None:
         servers = find_redis_servers()
         if binary is None and not servers:
             raise ConfigurationError(
@@ -71,7 +75,7 @@ class RedisServer:
             )
         self.binary = binary or servers[0]
         self.port = port or free_port()
-        self.extra = extra
+        self.extra = ("--appendonly", "yes", "--appendfsync", "everysec", *extra) if aof else extra
         self._dir = tempfile.TemporaryDirectory(prefix="celery-funnel-redis-")
         self.process: subprocess.Popen[bytes] | None = None
 

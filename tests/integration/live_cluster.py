@@ -27,7 +27,7 @@ class Cluster:
     """A private Redis (broker and funnels), two real workers, and an app to send with."""
 
     def __init__(self) -> None:
-        self.server = RedisServer().start()
+        self.server = RedisServer(aof=True).start()  # paused tasks are parked (AOF)
         self.url = self.server.url
         self.env = {"FUNNEL_TEST_BROKER": self.url, "FUNNEL_TEST_REDIS": self.url}
         self.app: Celery = make_app(self.url, self.url, task_ignore_result=True)

@@ -66,7 +66,7 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[RedisServer]:
-    with RedisServer() as started:
+    with RedisServer(aof=True) as started:  # waiters are parked only where AOF is on
         yield started
 
 

@@ -16,7 +16,10 @@ from celery import Celery, signals
 from celery.contrib.testing.worker import start_worker
 from celery.worker import state as worker_state
 
+from celery_funnel import ConfigurationError
 from celery_funnel._park import ParkStore, capture
+from celery_funnel._runtime import runtime_for
+from celery_funnel.testing import RedisServer
 from tests.integration.proj import close_app, make_app, runs
 from tests.polling import wait_for
 
@@ -203,22 +206,40 @@ def test_a_revoked_parked_task_never_runs(
     assert app.AsyncResult(revoked).state == "REVOKED"
 
 
-@pytest.mark.parametrize("park", [True, False], ids=["parking", "no parking"])
-def test_a_worker_warns_at_start_when_parked_tasks_would_not_persist(
-    redis_url: str, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture, park: bool
+@pytest.mark.parametrize(
+    ("park", "aof", "said"),
+    [
+        ("auto", False, "parking is off: the funnels' Redis has no append-only file"),
+        ("auto", True, ""),
+        (False, False, ""),
+    ],
+    ids=["auto, no AOF", "auto, AOF", "off"],
+)
+def test_a_worker_says_at_start_why_it_parks_nothing(
+    caplog: pytest.LogCaptureFixture, park: bool | str, aof: bool, said: str
 ) -> None:
-    redis_client.flushall()
-    redis_client.config_set("appendonly", "no")
-    redis_client.config_set("save", "")  # the private servers persist nothing
-    app = make_app(redis_url, redis_url, funnel_park=park)
+    """A Redis without an append-only file forgets parked tasks on a restart: with
+    ``funnel_park="auto"`` (the default) the worker parks nothing there, and says so
+    once, at start; with AOF it parks (and says nothing)."""
     caplog.set_level(logging.INFO, logger="celery_funnel")
-    try:
-        with start_worker(app, pool="threads", concurrency=1, perform_ping_check=False):
-            pass
-    finally:
-        close_app(app)
-    warned = [
-        r.getMessage() for r in caplog.records
-        if r.levelno == logging.WARNING and "persistence is off" in r.getMessage()
-    ]  # fmt: skip
-    assert bool(warned) == park, warned
+    with RedisServer(aof=aof) as server:
+        app = make_app(server.url, server.url, funnel_park=park)
+        try:
+            with start_worker(app, pool="threads", concurrency=1, perform_ping_check=False):
+                assert runtime_for(app).persistence.keeps() is (aof and park == "auto")
+        finally:
+            close_app(app)
+    lines = [r.getMessage() for r in caplog.records if "parking is off" in r.getMessage()]
+    assert len(lines) == (1 if said else 0), lines
+    assert all(said in line for line in lines)
+
+
+def test_funnel_park_true_on_a_redis_without_aof_stops_the_worker() -> None:
+    with RedisServer() as server:
+        app = make_app(server.url, server.url, funnel_park=True)
+        try:
+            refused = pytest.raises(ConfigurationError, match="has no append-only file")
+            with refused, start_worker(app, pool="solo", perform_ping_check=False):
+                pass
+        finally:
+            close_app(app)
