@@ -14,7 +14,7 @@ from celery.contrib.testing.worker import start_worker
 from celery.result import _set_task_join_will_block
 from kombu.asynchronous import set_event_loop
 
-from celery_funnel import FunnelTask
+from celery_funnel import ConfigurationError, CostTooHighError, FunnelTask
 from celery_funnel._gate import admitted_by_gate
 from celery_funnel.strategies.reservation import DEFAULT_EARLY_SECONDS
 from tests.integration.proj import close_app, make_app, runs
@@ -121,7 +121,10 @@ def test_chord_completes_after_deferrals(celery_app: Celery, worker: Any, redis_
 
 def test_cost_that_can_never_fit_fails_at_once(celery_app: Celery, worker: Any) -> None:
     result = celery_app.tasks["proj.costly"].delay(3)  # capacity 2
-    with pytest.raises(Exception, match="can never run") as info:
+    with pytest.raises(
+        CostTooHighError,
+        match=r"task proj\.costly\[.+\] costs \[3\] units .* hold \[2\]: it can never run",
+    ) as info:
         result.get(timeout=20)
     assert type(info.value).__name__ == "CostTooHighError"
     assert celery_app.tasks["proj.costly"].delay(2).get(timeout=20) == 2
@@ -170,7 +173,9 @@ def test_bad_settings_stop_the_worker_at_start(redis_url: str) -> None:
     app = make_app(redis_url, redis_url, funnel_limits={"proj.plain": "ten per second"})
     try:
         with (
-            pytest.raises(Exception, match="ten per second"),
+            pytest.raises(
+                ConfigurationError, match=r"funnel_limits\['proj\.plain'\].*'ten per second'"
+            ),
             start_worker(app, pool="threads", perform_ping_check=False),
         ):
             pass
