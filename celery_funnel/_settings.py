@@ -104,6 +104,24 @@ def check_policy(name: str, value: Any) -> str:
     return str(value)
 
 
+def _pattern(pattern: object) -> str:
+    """A ``funnel_limits`` key, checked: a non-empty string, a task name or a glob.
+
+    Raises:
+        ConfigurationError: naming ``funnel_limits`` and the pattern (one line).
+    """
+    # Anything else used to pass: bytes or a number started the worker and then failed
+    # every task in the gate (fnmatch cannot match a str against them); None read as
+    # a task's own limit and so matched nothing; "" matches no task name.
+    if isinstance(pattern, str) and pattern:
+        return pattern
+    what = "is empty" if isinstance(pattern, str) else f"is not a string ({type(pattern).__name__})"
+    raise ConfigurationError(
+        f"funnel_limits: pattern {pattern!r} {what}; patterns are non-empty strings,"
+        f" task names or globs like 'emails.*'"
+    )
+
+
 def _limits(value: Any) -> tuple[tuple[Limit, ...], tuple[Concurrency, ...]]:
     """The rate limits and the concurrency limits of ``funnel_limits``."""
     if not isinstance(value, Mapping):
@@ -112,7 +130,8 @@ def _limits(value: Any) -> tuple[tuple[Limit, ...], tuple[Concurrency, ...]]:
         )
     limits: list[Limit] = []
     concurrency: list[Concurrency] = []
-    for pattern, spec in value.items():
+    for key, spec in value.items():
+        pattern = _pattern(key)
         rest, slots = split_entry(pattern, spec)
         if slots is not None:
             concurrency.append(slots)

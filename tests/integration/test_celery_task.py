@@ -14,7 +14,8 @@ from celery.contrib.testing.worker import start_worker
 from celery.result import _set_task_join_will_block
 from kombu.asynchronous import set_event_loop
 
-from celery_funnel import FunnelTask
+from celery_funnel import ConfigurationError, CostTooHighError, FunnelTask
+from celery_funnel._gate import admitted_by_gate
 from celery_funnel.strategies.reservation import DEFAULT_EARLY_SECONDS
 from tests.integration.proj import close_app, make_app, runs
 from tests.polling import wait_for
@@ -57,6 +58,30 @@ def test_throttled_tasks_run_once_each_at_the_funnel_rate(
     assert all(r["deferrals"] == 1 + r["stale"] for r in deferred), deferred
 
 
+def test_the_worker_gate_defers_a_funnel_task_before_start_sees_it(
+    celery_app: Celery, redis_url: str
+) -> None:
+    """The worker gate, not ``FunnelTask.before_start``, decides a FunnelTask's runs:
+    ``before_start`` is reached once per task, only by runs that carry the gate's mark
+    (so it never judged, deferred or waited in place), and yet runs were deferred."""
+    limited = celery_app.tasks["proj.limited"]  # 10/s, capacity 1
+    original = limited.before_start
+    seen: list[tuple[str, bool]] = []  # (task id, admitted by this worker's gate)
+
+    def before_start(task_id: str, args: Any, kwargs: Any) -> None:
+        seen.append((task_id, admitted_by_gate(limited.request.headers)))
+        original(task_id, args, kwargs)
+
+    limited.before_start = before_start  # the tracer, built at the first run, takes it
+    with start_worker(celery_app, pool="threads", concurrency=2, perform_ping_check=False):
+        results = [limited.delay(i) for i in range(4)]
+        assert [r.get(timeout=20) for r in results] == [0, 1, 2, 3]
+    judged = [task_id for task_id, admitted in seen if not admitted]
+    assert judged == [], "before_start judged runs the worker gate let through unmarked"
+    assert sorted(task_id for task_id, _ in seen) == sorted(r.id for r in results)
+    assert any(r["deferrals"] for r in runs(redis_url)), "runs were deferred (by the gate)"
+
+
 def test_deferral_keeps_chain_links_headers_queue_and_priority(
     celery_app: Celery, redis_url: str
 ) -> None:
@@ -96,7 +121,10 @@ def test_chord_completes_after_deferrals(celery_app: Celery, worker: Any, redis_
 
 def test_cost_that_can_never_fit_fails_at_once(celery_app: Celery, worker: Any) -> None:
     result = celery_app.tasks["proj.costly"].delay(3)  # capacity 2
-    with pytest.raises(Exception, match="can never run") as info:
+    with pytest.raises(
+        CostTooHighError,
+        match=r"task proj\.costly\[.+\] costs \[3\] units .* hold \[2\]: it can never run",
+    ) as info:
         result.get(timeout=20)
     assert type(info.value).__name__ == "CostTooHighError"
     assert celery_app.tasks["proj.costly"].delay(2).get(timeout=20) == 2
@@ -145,7 +173,9 @@ def test_bad_settings_stop_the_worker_at_start(redis_url: str) -> None:
     app = make_app(redis_url, redis_url, funnel_limits={"proj.plain": "ten per second"})
     try:
         with (
-            pytest.raises(Exception, match="ten per second"),
+            pytest.raises(
+                ConfigurationError, match=r"funnel_limits\['proj\.plain'\].*'ten per second'"
+            ),
             start_worker(app, pool="threads", perform_ping_check=False),
         ):
             pass

@@ -7,6 +7,7 @@ connections killed over and over."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -32,6 +33,8 @@ from tests.polling import wait_for
 pytestmark = pytest.mark.redis
 ONE_REDIS = True  # one Redis version is enough here (tests/conftest.py)
 NOW = 1_700_000_000.0
+# a connection lost: redis-py's error, or the socket's own (a reset, read by _lean)
+LOST = (redis.exceptions.ConnectionError, ConnectionError)
 
 
 @pytest.fixture(params=["lean", "redis-py"])
@@ -117,7 +120,15 @@ def test_an_error_reply_and_a_killed_connection_resume_every_waiting_request(
         inflight.send(call, got.append)
     redis_client.client_kill_filter(_type="normal", skipme=True)
     spin(hub, lambda: len(got) == 6)
-    assert all(isinstance(r, (list, int, Exception)) for r in got[1:])
+    # replies come back in the order the calls went out: those read before the kill,
+    # then the lost connection for every call still waiting on it
+    read = list(itertools.takewhile(lambda r: isinstance(r, (list, int)), got[1:]))
+    lost = got[1 + len(read) :]
+    assert all(isinstance(r, LOST) for r in lost), got[1:]
+    decided = [decide(inflight.replay(r, redis_funnel._eval)) for r in read]
+    assert all(isinstance(d, Decision) for d in decided), decided
+    # one `now` for every call: once one is refused, the rest are
+    assert [d.limited for d in decided] == sorted(d.limited for d in decided), decided
     # the first call after the kill may go out on the dead connection and come back
     # as a ConnectionError (its request then goes the ordinary way); the next one
     # goes out on a new connection, read by the same loop

@@ -25,7 +25,7 @@ import redis
 from celery import Celery
 
 from celery_funnel._keys import task_key
-from celery_funnel._leases import Holder, LeaseStore
+from celery_funnel._leases import Holder, LeaseStore, Seat
 from celery_funnel.dashboard._state import funnel_state
 from celery_funnel.testing import CeleryWorkers, RedisServer, peak
 from tests.integration.lease_proj import ENDS, STARTS, make_app
@@ -79,12 +79,23 @@ def _cluster(server: RedisServer, group: CeleryWorkers) -> Iterator[Cluster]:
     close_app(app)
 
 
+# The leases of the ``cluster`` workers: long, so that the renewer's sweep (every TTL / 3,
+# it gives back the slots of runs the worker forgot) comes too seldom to pass for a run
+# giving its slot back at its end. With the default 30 s, a slot an ending failed to
+# give back came free at the next sweep, up to 10 s later: within 2 s one time in five.
+LONG_TTL = 300.0
+AT_ONCE = 2.0  # seconds: a slot given back at the run's end is free within this
+
+
 @pytest.fixture(scope="module")
 def cluster(server: RedisServer) -> Iterator[Cluster]:
-    """Two workers with four pool processes each; leases of 30 s (the default); the
-    plain task limited to 2 at once per worker by a funnel_limits entry."""
+    """Two workers with four pool processes each; leases of ``LONG_TTL``; the plain
+    task limited to 2 at once per worker by a funnel_limits entry."""
     limits = json.dumps({"leases.plain": {"concurrency": 2, "scope": "worker"}})
-    yield from _cluster(server, workers(server.url, 2, 4, "w", FUNNEL_TEST_LIMITS=limits))
+    group = workers(
+        server.url, 2, 4, "w", FUNNEL_TEST_LIMITS=limits, FUNNEL_TEST_LEASE_TTL=str(LONG_TTL)
+    )
+    yield from _cluster(server, group)
 
 
 def running_peak(
@@ -181,10 +192,23 @@ def test_rate_and_concurrency_both_hold(cluster: Cluster) -> None:
 ENDINGS = ["success", "fail", "retry", "reject", "ignore", "soft", "hard", "terminate"]
 
 
+@pytest.fixture
+def ends(cluster: Cluster) -> Iterator[Cluster]:
+    """``cluster``; afterwards, a slot of ``leases.ends`` still held (an ending that
+    failed to give it back) is freed, so that the next ending does not wait for the
+    sweep of ``LONG_TTL`` / 3 to start."""
+    yield cluster
+    key = task_key(PREFIX, "leases.ends")
+    for holder in cluster.holders("leases.ends"):
+        cluster.store.release([Seat(1, key, "leases.ends")], holder.task_id, "*")
+
+
 @pytest.mark.parametrize("how", ENDINGS)
-def test_each_ending_gives_the_slot_back(cluster: Cluster, how: str) -> None:
-    """funnel_concurrency=1, leases of 30 s: however the run ends, its slot is free at
-    once (well inside the TTL, so no lease ran out), and the next task runs."""
+def test_each_ending_gives_the_slot_back(ends: Cluster, how: str) -> None:
+    """funnel_concurrency=1, leases of ``LONG_TTL``: however the run ends, its slot is
+    free at once (within ``AT_ONCE``, far below the renewer's sweep interval, so
+    neither a lease running out nor the sweep freed it), and the next task runs."""
+    cluster = ends
     cluster.clear()
     options: dict[str, Any] = {"soft": {"soft_time_limit": 0.3}, "hard": {"time_limit": 0.5}}
     sent = cluster.app.send_task(
@@ -199,12 +223,13 @@ def test_each_ending_gives_the_slot_back(cluster: Cluster, how: str) -> None:
     if how != "ignore":  # Ignore stores no state
         wait_for(lambda: sent.state not in ("PENDING", "STARTED"), 20)
     ended = time.monotonic()
-    wait_for(lambda: cluster.holders("leases.ends") == [], 10)
+    wait_for(lambda: cluster.holders("leases.ends") == [], AT_ONCE)
     freed = time.monotonic() - ended
     following = cluster.app.send_task("leases.ends", ("success",))
     assert following.get(timeout=20) == "success"
     print(f"\nending {how}: {sent.state}, slot free {freed * 1000:.0f} ms after")
-    assert freed < 10  # the lease lasts 30 s: it was given back, not run out
+    assert freed < 10  # the lease lasts LONG_TTL: it was given back, not run out
+    assert freed < AT_ONCE  # the sweep (every LONG_TTL / 3) did not free it either
 
 
 def celery_funnel(url: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -15,6 +15,7 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from prometheus_client import CollectorRegistry
 
+from celery_funnel import CostTooHighError
 from celery_funnel.testing import CeleryWorkers
 from tests.integration.conftest import Recorder, sample
 from tests.integration.proj import close_app, make_app, runs
@@ -164,7 +165,9 @@ def test_refused_tasks_are_reported(
     app = app_for(task_ignore_result=False)
     with start_worker(app, pool="threads", concurrency=1, perform_ping_check=False):
         result = app.tasks["proj.costly"].delay(3)  # capacity 2: never fits
-        with pytest.raises(Exception, match="can never run"):
+        with pytest.raises(
+            CostTooHighError, match=r"proj\.costly\[.+\] costs \[3\] units .*: it can never run"
+        ):
             result.get(timeout=20)
     (refused,) = recorder.of("task_refused")
     assert refused["task_id"] == result.id

@@ -13,7 +13,11 @@ from celery_funnel._checks import check_app
 from celery_funnel._concurrency import Concurrency
 from celery_funnel._keys import lease_keys, parse_key, task_key
 from celery_funnel._leases import Lease, Seat
+from celery_funnel._limit import key_part
+from celery_funnel._rate import Rate
+from celery_funnel._runtime import runtime_for
 from celery_funnel._settings import FunnelSettings
+from celery_funnel._task_options import concurrency_of, limits_of, option_of
 
 
 def settings(limits: Any, **conf: Any) -> FunnelSettings:
@@ -65,8 +69,25 @@ def app_with(**options: Any) -> Celery:
 
 
 def test_funnel_concurrency_with_a_key_is_sound() -> None:
-    check_app(app_with(funnel_concurrency=2, funnel_key="{customer}"))
-    check_app(app_with(funnel_concurrency=2, funnel_rate="5/s"))
+    """With a key (2 at once per customer) or beside a rate: the worker-start check
+    passes, and the task reads as asked."""
+    keyed = app_with(funnel_concurrency=2, funnel_key="{customer}")
+    check_app(keyed)
+    task = keyed.tasks["t.run"]
+    assert concurrency_of(task) == 2
+    assert limits_of(task) == (), "slots only: no rate limit"
+    runtime = runtime_for(keyed)
+    funnels = {
+        runtime.task_key(task.name, key_part(option_of(task, "funnel_key"), task.run, (c,), {}))
+        for c in ("a", "b", "a")
+    }
+    assert funnels == {task_key("funnel:", "t.run", "a"), task_key("funnel:", "t.run", "b")}
+
+    rated = app_with(funnel_concurrency=2, funnel_rate="5/s")
+    check_app(rated)
+    task = rated.tasks["t.run"]
+    assert concurrency_of(task) == 2
+    assert [(limit.rate, limit.key) for limit in limits_of(task)] == [(Rate(5, 1.0), None)]
 
 
 @pytest.mark.parametrize(
