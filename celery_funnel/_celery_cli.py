@@ -17,8 +17,8 @@ from celery.bin.base import CeleryCommand, handle_preload_options
 from ._cli_control import dashboard, override_lines, pause, resume, set_command, unset
 from ._cli_leases import lease_rows, release_lease, show_holders
 from ._cli_parked import parked, parked_summary, purge, release
-from ._cli_view import Failure, Found, at, describe, fair_lines, find, limit_of
-from ._keys import FunnelKey, parse_key
+from ._cli_view import Failure, Found, at, describe, fair_lines, find, limit_of, resolve
+from ._keys import FunnelKey
 from ._park import ParkStore
 from ._runtime import Runtime, runtime_for
 from .backends._check import acl_line, check
@@ -106,21 +106,6 @@ def status(ctx: click.Context, as_json: bool) -> None:
 
 def _resolve(runtime: Runtime, backend: RedisFunnel, name: str) -> Found:
     return resolve(runtime, backend.client, name)
-
-
-def resolve(runtime: Runtime, client: Any, name: str) -> Found:
-    """The keys of funnel ``name``: a full key of the layout (the funnel and its
-    companions), or a funnel name (it and its key parts, ``name:<part>``)."""
-    prefix = runtime.settings.key_prefix
-    parsed = parse_key(prefix, name)
-    if parsed is None:
-        return find(client, prefix, name)
-    found = Found()
-    funnel_key = parse_key(prefix, parsed.funnel)
-    assert funnel_key is not None
-    companions = find(client, prefix, funnel_key.name).keys
-    found.keys = [k for k in companions if k.funnel == funnel_key.key]
-    return found
 
 
 @funnel.command(cls=CeleryCommand)

@@ -9,7 +9,7 @@ from typing import Any
 import click
 from celery.bin.base import CeleryCommand
 
-from ._cli_view import Failure, Found, at
+from ._cli_view import Failure, Found, at, resolve
 from ._keys import FunnelKey
 from ._lease_keeper import Leases
 from ._leases import LeaseStore, Seat
@@ -86,8 +86,6 @@ def release_lease(ctx: click.Context, name: str, task_id: str, yes: bool) -> Non
     limit:<pattern>, or a full key), as if its run had ended: for a run known to be
     gone, without waiting for its lease to run out. The slot goes to the oldest
     parked waiter, published at once."""
-    from ._celery_cli import resolve  # noqa: PLC0415 - it imports this module
-
     runtime = runtime_for(ctx.obj.app)
     try:
         leases = Leases(ctx.obj.app)

@@ -20,7 +20,7 @@ from ._task_options import limits_of
 from .backends.redis import RedisFunnel
 from .task import FunnelTask
 
-__all__ = ["Found", "at", "describe", "fair_lines", "find", "limit_of"]
+__all__ = ["Found", "at", "describe", "fair_lines", "find", "limit_of", "resolve"]
 
 Failure = (BackendError, BackendConfigurationError, RedisError)
 
@@ -121,3 +121,18 @@ def fair_lines(row: dict[str, Any]) -> list[str]:
         f"  tenant {t['tenant']}: {t['waiting']} waiting, {t['admitted_per_second']}/s admitted"
         for t in row.get("fair", ())
     ]
+
+
+def resolve(runtime: Runtime, client: Any, name: str) -> Found:
+    """The keys of funnel ``name``: a full key of the layout (the funnel and its
+    companions), or a funnel name (it and its key parts, ``name:<part>``)."""
+    prefix = runtime.settings.key_prefix
+    parsed = parse_key(prefix, name)
+    if parsed is None:
+        return find(client, prefix, name)
+    found = Found()
+    funnel_key = parse_key(prefix, parsed.funnel)
+    assert funnel_key is not None
+    companions = find(client, prefix, funnel_key.name).keys
+    found.keys = [k for k in companions if k.funnel == funnel_key.key]
+    return found

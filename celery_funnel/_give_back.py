@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ._keys import tickets_key
+from ._memstore import MemoryStore
 from ._scripts import Arg, Reply, Script, clock_arg, parse_now
 from .backends.base import Funnel
-from .backends.memstore import MemoryStore
 from .strategies.gcra import shape
 
 __all__ = ["give_back"]

@@ -24,7 +24,7 @@ def install(app: Any) -> Any:
     decorator line). Settings are read when first needed, so ``app.conf`` may be filled
     in after this call.
     """
-    from ._live import LiveStep  # noqa: PLC0415 - celery.bootsteps only when installing
+    from ._live_thread import LiveStep  # noqa: PLC0415 - celery.bootsteps only when installing
     from .releaser import ReleaserStep  # noqa: PLC0415
     from .worker import FunnelGate  # noqa: PLC0415
 

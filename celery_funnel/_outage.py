@@ -17,13 +17,25 @@ import time
 from typing import Any
 
 from . import signals
+from ._errors import ConfigurationError
+from ._values import did_you_mean
 from .backends._faults import configuration_fault
 
-__all__ = ["POLICIES", "OutageLog", "backoff", "configuration_fault"]
+__all__ = ["POLICIES", "OutageLog", "backoff", "check_policy", "configuration_fault"]
 
 logger = logging.getLogger("celery_funnel")
 
 POLICIES = ("defer", "allow", "raise")
+
+
+def check_policy(name: str, value: Any) -> str:
+    """A ``funnel_on_backend_error`` value, checked."""
+    if value not in POLICIES:
+        hint = did_you_mean(value, POLICIES) if isinstance(value, str) else ""
+        raise ConfigurationError(f"{name} must be one of {list(POLICIES)}, got {value!r}{hint}")
+    return str(value)
+
+
 BACKOFF_FIRST_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 30.0
 

@@ -13,7 +13,7 @@ from importlib import resources
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .backends.memstore import MemoryStore
+    from ._memstore import MemoryStore
 
 Arg = int | str
 Reply = list[int]

@@ -14,7 +14,7 @@ from typing import Any
 from ._concurrency import Concurrency, split_entry
 from ._errors import ConfigurationError
 from ._limit import Limit, parse_limit
-from ._outage import POLICIES
+from ._outage import check_policy
 from ._values import (
     MAX_COUNTDOWN,
     MAX_TIMEOUT,
@@ -25,7 +25,7 @@ from ._values import (
     to_bool,
 )
 
-__all__ = ["FunnelSettings", "check_names", "check_policy", "read_setting", "setting_name"]
+__all__ = ["FunnelSettings", "check_names", "read_setting", "setting_name"]
 
 _DEFAULTS: dict[str, Any] = {
     "funnel_redis_url": None,
@@ -94,14 +94,6 @@ def check_names(conf: Mapping[str, Any]) -> None:
             f"app.conf.{key}={conf[key]!r} is not a celery-funnel setting{hint};"
             f" the settings are {sorted(_DEFAULTS)}"
         )
-
-
-def check_policy(name: str, value: Any) -> str:
-    """A ``funnel_on_backend_error`` value, checked."""
-    if value not in POLICIES:
-        hint = did_you_mean(value, POLICIES) if isinstance(value, str) else ""
-        raise ConfigurationError(f"{name} must be one of {list(POLICIES)}, got {value!r}{hint}")
-    return str(value)
 
 
 def _pattern(pattern: object) -> str:

@@ -13,7 +13,7 @@ from celery import Task
 from ._concurrency import check_concurrency
 from ._errors import ConfigurationError
 from ._limit import Limit, parse_limit
-from ._settings import check_policy
+from ._outage import check_policy
 from ._values import did_you_mean, format_fields, to_bool
 
 HEADER = "celery_funnel"

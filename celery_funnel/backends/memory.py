@@ -6,9 +6,9 @@ import threading
 from collections.abc import Sequence
 
 from .._keys import tickets_key
+from .._memstore import Clock, MemoryStore
 from .._scripts import Arg, Reply, Script
 from .base import Funnel
-from .memstore import Clock, MemoryStore
 
 
 class MemoryFunnel(Funnel):

@@ -11,14 +11,11 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
+from .._decision import Decision, Reservation
 from .._errors import ConfigurationError
 from .._rate import Rate
-
-if TYPE_CHECKING:
-    from .._decision import Decision, Reservation
-    from ..backends.base import Funnel
 
 __all__ = ["SCOPES", "Spec", "Strategy", "get", "names", "register", "validate"]
 
@@ -46,8 +43,11 @@ class Spec(Protocol):
     def pattern(self) -> str | None: ...
 
 
-Decide = Callable[["Funnel", str, Spec, int], "Decision"]
-Reserve = Callable[["Funnel", str, Spec, int, str, bool, "float | None"], "Reservation"]
+# the backend a strategy decides through: ``backends.base.Funnel``, which is built on
+# the strategies (imports run one way: backends -> strategies), so not named here
+Backend = Any
+Decide = Callable[[Backend, str, Spec, int], Decision]
+Reserve = Callable[[Backend, str, Spec, int, str, bool, "float | None"], Reservation]
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .._decision import Decision
+from .._memstore import MemoryStore
 from .._scripts import Arg, Eval, Reply, Script, clock_arg, parse_now
-from ..backends.memstore import MemoryStore
 from . import _window
 from ._common import check_int, check_key, now_us, period_us
 from ._registry import Strategy, register

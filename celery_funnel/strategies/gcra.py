@@ -14,8 +14,8 @@ from functools import lru_cache
 
 from .._decision import Decision
 from .._errors import ConfigurationError
+from .._memstore import MemoryStore
 from .._scripts import Arg, Call, Eval, EvalMany, Reply, Script, clock_arg, parse_now
-from ..backends.memstore import MemoryStore
 from ._common import check_int, check_key, emission_us, now_us, seconds
 from ._registry import Spec, Strategy, register
 

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 from .._errors import ConfigurationError
 from .._keys import tickets_key
+from .._memstore import MemoryStore
 from .._scripts import Arg, Eval, Reply, Script, clock_arg, parse_now
-from ..backends.memstore import MemoryStore
 from ._common import US, check_key, now_us, seconds
 from .gcra import shape
 
