@@ -9,7 +9,7 @@ from typing import Any
 import click
 from celery.bin.base import CeleryCommand
 
-from ._cli_view import Failure, Found, at, resolve
+from ._cli_view import Failure, Found, at, lease_funnels, resolve
 from ._keys import FunnelKey
 from ._lease_keeper import Leases
 from ._leases import LeaseStore, Seat
@@ -30,12 +30,6 @@ def _concurrency(runtime: Runtime, key: FunnelKey) -> int | None:
         if key.of_limit(limit.pattern):
             return limit.n
     return None
-
-
-def lease_funnels(found: Found) -> list[FunnelKey]:
-    """The concurrency funnels among the keys found (those with leases or waiters)."""
-    seen = {k.funnel: k for k in found.keys if k.companion in ("leases", "waiters")}
-    return [FunnelKey(funnel, k.name, k.rest) for funnel, k in sorted(seen.items())]
 
 
 def lease_rows(runtime: Runtime, client: Any, found: Found) -> list[dict[str, Any]]:

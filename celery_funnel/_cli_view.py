@@ -20,7 +20,7 @@ from ._task_options import limits_of
 from .backends.redis import RedisFunnel
 from .task import FunnelTask
 
-__all__ = ["Found", "at", "describe", "fair_lines", "find", "limit_of", "resolve"]
+__all__ = ["Found", "at", "describe", "fair_lines", "find", "lease_funnels", "limit_of", "resolve"]
 
 Failure = (BackendError, BackendConfigurationError, RedisError)
 
@@ -136,3 +136,9 @@ def resolve(runtime: Runtime, client: Any, name: str) -> Found:
     companions = find(client, prefix, funnel_key.name).keys
     found.keys = [k for k in companions if k.funnel == funnel_key.key]
     return found
+
+
+def lease_funnels(found: Found) -> list[FunnelKey]:
+    """The concurrency funnels among the keys found (those with leases or waiters)."""
+    seen = {k.funnel: k for k in found.keys if k.companion in ("leases", "waiters")}
+    return [FunnelKey(funnel, k.name, k.rest) for funnel, k in sorted(seen.items())]

@@ -28,9 +28,9 @@ from ._errors import BackendError
 from ._keys import hash_tag
 from ._leases import Handed, Lease, LeaseStore, Seat, header_of
 from ._park import ParkStore, Release
+from ._republish import publish
 from ._runtime import runtime_for
 from ._task_options import HEADER
-from .releaser import publish
 
 __all__ = ["Leases", "connect", "leases_for"]
 

@@ -15,10 +15,10 @@ from typing import Any
 
 from kombu.serialization import registry
 
-from ._park import ParkStore, capture
+from ._park import ParkStore, Release, capture
 from ._task_options import HEADER
 
-__all__ = ["message_options", "park", "republish"]
+__all__ = ["message_options", "park", "publish", "republish"]
 
 # what a message's headers may carry that is not the task's own (RabbitMQ's dead-letter
 # bookkeeping is dropped by Celery already)
@@ -131,3 +131,31 @@ def park(
     }  # fmt: skip
     message = capture(signature, meta, ignore_result=True, add_to_parent=False)
     return store.park(str(context.id), wait, message, str(state.get("release") or ""))
+
+
+def publish(app: Any, release: Release) -> None:
+    """Publish a claimed entry as it was captured, with the release token added.
+
+    Raises:
+        Exception: what the broker's publish raises.
+    """
+    message = release.message
+    headers = dict(message["headers"])
+    headers[HEADER] = {**(headers.get(HEADER) or {}), "release": release.token}
+    properties = dict(message["properties"])
+    delivery_mode = properties.pop("delivery_mode", None)
+    expiration = properties.pop("expiration", None)  # a message TTL (ms, from expires)
+    if expiration is not None:  # what is left of it after the time parked
+        parked_for = time.time() - float(message["meta"]["parked_at"])
+        expiration = max(float(expiration) / 1000 - parked_for, 0.001)
+    queues = app.amqp.queues
+    declare = [queues[name] for name in message["declare"] if name in queues]
+    with app.producer_or_acquire() as producer:
+        producer.publish(
+            message["body"], exchange=message["exchange"], routing_key=message["routing_key"],
+            headers=headers, content_type=message["content_type"],
+            content_encoding=message["content_encoding"], priority=message["priority"],
+            delivery_mode=delivery_mode, expiration=expiration, declare=declare, retry=True,
+            retry_policy={"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5},
+            **properties,
+        )  # fmt: skip

@@ -13,7 +13,6 @@ which makes those entries due.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from celery.worker import state as worker_state
@@ -23,10 +22,11 @@ from ._fair_gate import Dispatcher
 from ._fair_store import FairStore
 from ._loop import Loop, LoopStep
 from ._park import ParkStore, Release
+from ._republish import publish
 from ._runtime import runtime_for
-from ._task_options import HEADER, limits_of
+from ._task_options import limits_of
 
-__all__ = ["Releaser", "ReleaserStep", "park_store", "publish"]
+__all__ = ["Releaser", "ReleaserStep", "park_store"]
 
 logger = logging.getLogger("celery_funnel")
 
@@ -36,34 +36,6 @@ BATCH = 100  # entries claimed per pass
 KEEP_SECONDS = 3600.0  # acceptance records, against copies of a release published twice
 IDLE_SECONDS = 1.0  # the longest pause between two passes
 ERROR_PAUSE_SECONDS = 2.0
-
-
-def publish(app: Any, release: Release) -> None:
-    """Publish a claimed entry as it was captured, with the release token added.
-
-    Raises:
-        Exception: what the broker's publish raises.
-    """
-    message = release.message
-    headers = dict(message["headers"])
-    headers[HEADER] = {**(headers.get(HEADER) or {}), "release": release.token}
-    properties = dict(message["properties"])
-    delivery_mode = properties.pop("delivery_mode", None)
-    expiration = properties.pop("expiration", None)  # a message TTL (ms, from expires)
-    if expiration is not None:  # what is left of it after the time parked
-        parked_for = time.time() - float(message["meta"]["parked_at"])
-        expiration = max(float(expiration) / 1000 - parked_for, 0.001)
-    queues = app.amqp.queues
-    declare = [queues[name] for name in message["declare"] if name in queues]
-    with app.producer_or_acquire() as producer:
-        producer.publish(
-            message["body"], exchange=message["exchange"], routing_key=message["routing_key"],
-            headers=headers, content_type=message["content_type"],
-            content_encoding=message["content_encoding"], priority=message["priority"],
-            delivery_mode=delivery_mode, expiration=expiration, declare=declare, retry=True,
-            retry_policy={"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5},
-            **properties,
-        )  # fmt: skip
 
 
 class Releaser(Loop):

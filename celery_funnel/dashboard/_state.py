@@ -10,8 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import control
-from .._cli_leases import lease_funnels
-from .._cli_view import Failure, Found, describe, find, limit_of
+from .._cli_view import Failure, Found, describe, find, lease_funnels, limit_of
 from .._keys import FunnelKey, live_key
 from .._leases import LeaseStore
 from .._live import SERIES_KEEP_SECONDS, series_key
