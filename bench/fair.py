@@ -31,9 +31,9 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 from bench._plot import pyplot, save
-from celery_funnel._fair import Fair
-from celery_funnel._fair_gate import DISPATCH_PAUSE_SECONDS, HORIZON_SECONDS
-from celery_funnel._fair_store import FairStore
+from celery_funnel._gate.fair import DISPATCH_PAUSE_SECONDS, HORIZON_SECONDS
+from celery_funnel._limiter.fair import Fair
+from celery_funnel._stores.fair import FairStore
 from celery_funnel.testing import CeleryWorkers, RedisServer
 from tests.integration.fair_proj import RUNS, make_fair_app
 from tests.integration.proj import close_app

@@ -27,8 +27,8 @@ import redis
 sys.path.insert(0, str(HERE.parent))
 
 from bench._plot import pyplot, save
-from celery_funnel._scripts import Arg, Reply, Script
-from celery_funnel.backends.base import Funnel
+from celery_funnel._limiter.backends.base import Funnel
+from celery_funnel._limiter.scripts import Arg, Reply, Script
 from celery_funnel.testing import RedisServer
 
 BATCH = 2000

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench._plot import pyplot, save
 from bench.soak import rss_kib
-from celery_funnel._park import ParkStore
+from celery_funnel._stores.park import ParkStore
 from celery_funnel.testing import CeleryWorkers, RedisServer
 from tests.integration.proj import RUNS, close_app, make_app
 

@@ -5,8 +5,13 @@ The core: ``Rate`` parses limits, a ``Funnel`` backend (``RedisFunnel`` or
 and the window strategies) or a ``Reservation`` (``reserve``).
 """
 
-from ._decision import Decision, Reservation
-from ._errors import (
+from ._celery.task import FunnelTask
+from ._install import install
+from ._limiter.backends.base import Funnel
+from ._limiter.backends.memory import MemoryFunnel
+from ._limiter.backends.redis import RedisFunnel
+from ._limiter.decision import Decision, Reservation
+from ._limiter.errors import (
     BackendConfigurationError,
     BackendError,
     ConfigurationError,
@@ -14,14 +19,9 @@ from ._errors import (
     FunnelError,
     TooManyDeferralsError,
 )
-from ._install import install
-from ._limit import Limit
-from ._rate import Rate
-from .backends.base import Funnel
-from .backends.memory import MemoryFunnel
-from .backends.redis import RedisFunnel
-from .strategies.reservation import Shape
-from .task import FunnelTask
+from ._limiter.limit import Limit
+from ._limiter.rate import Rate
+from ._limiter.strategies.reservation import Shape
 
 __all__ = [
     "BackendConfigurationError",

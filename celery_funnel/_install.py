@@ -6,8 +6,8 @@ from typing import Any
 
 from celery import signals
 
-from ._checks import NotInstalled, check_definitions, uses_funnel
-from ._runtime import runtime_for
+from ._celery.checks import NotInstalled, check_definitions, uses_funnel
+from ._config.runtime import runtime_for
 
 __all__ = ["install"]
 
@@ -24,9 +24,9 @@ def install(app: Any) -> Any:
     decorator line). Settings are read when first needed, so ``app.conf`` may be filled
     in after this call.
     """
-    from ._live_thread import LiveStep  # noqa: PLC0415 - celery.bootsteps only when installing
-    from .releaser import ReleaserStep  # noqa: PLC0415
-    from .worker import FunnelGate  # noqa: PLC0415
+    from ._celery.releaser import ReleaserStep  # noqa: PLC0415
+    from ._celery.worker import FunnelGate  # noqa: PLC0415
+    from ._ops.live import LiveStep  # noqa: PLC0415 - celery.bootsteps only when installing
 
     runtime = runtime_for(app)
     if not runtime.installed:

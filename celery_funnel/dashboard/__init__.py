@@ -28,16 +28,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         " pip install 'celery-funnel[dashboard]'"
     ) from exc
 
-from .. import control
-from .._errors import ConfigurationError
-from ._security import (
-    AUTH_COOKIE,
-    CSRF_COOKIE,
-    Guard,
-    check_binding,
-    csrf_ok,
-    new_csrf,
-)
+from .._limiter.errors import ConfigurationError
+from .._ops import control
+from ._security import AUTH_COOKIE, CSRF_COOKIE, Guard, check_binding, csrf_ok, new_csrf
 from ._state import ConcurrencyHook, funnel_state, no_concurrency, series
 
 __all__ = ["ConcurrencyHook", "create_app", "serve"]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
-from .._errors import ConfigurationError
+from .._limiter.errors import ConfigurationError
 
 __all__ = ["AUTH_COOKIE", "CSRF_COOKIE", "CSRF_HEADER", "Guard", "check_binding"]
 

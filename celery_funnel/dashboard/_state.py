@@ -9,13 +9,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import control
-from .._cli_view import Failure, Found, describe, find, lease_funnels, limit_of
-from .._keys import FunnelKey, live_key
-from .._leases import LeaseStore
-from .._live import SERIES_KEEP_SECONDS, series_key
-from .._park import ParkStore
-from .._runtime import runtime_for
+from .._config.runtime import runtime_for
+from .._gate.live import SERIES_KEEP_SECONDS, series_key
+from .._limiter.keys import FunnelKey, live_key
+from .._ops import control
+from .._ops.view import Failure, Found, describe, find, lease_funnels, limit_of
+from .._stores.leases import LeaseStore
+from .._stores.park import ParkStore
 
 __all__ = ["ConcurrencyHook", "funnel_state", "series"]
 

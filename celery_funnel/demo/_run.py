@@ -17,8 +17,8 @@ from contextlib import contextmanager
 
 import redis
 
-from .._keys import task_key, tickets_key
-from .._rate import Rate
+from .._limiter.keys import task_key, tickets_key
+from .._limiter.rate import Rate
 from ..testing import CeleryWorkers, RedisServer, peak
 
 STARTS = "demo:starts"

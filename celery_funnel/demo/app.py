@@ -10,8 +10,8 @@ import time
 import redis
 from celery import Celery
 
+from .._celery.task import FunnelTask
 from .._install import install
-from ..task import FunnelTask
 
 URL = os.environ.get("CELERY_FUNNEL_DEMO_REDIS", "redis://127.0.0.1:6379/0")
 STARTS = "demo:starts"

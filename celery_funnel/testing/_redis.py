@@ -18,7 +18,7 @@ from pathlib import Path
 
 import redis
 
-from .._errors import ConfigurationError
+from .._limiter.errors import ConfigurationError
 from ._processes import spawn, stop
 
 __all__ = ["RedisServer", "find_redis_servers", "free_port", "server_version"]

@@ -20,7 +20,7 @@ from celery import Celery
 from kombu.entity import Exchange, Queue
 
 from celery_funnel import FunnelTask, install
-from celery_funnel._runtime import runtime_for
+from celery_funnel._config.runtime import runtime_for
 
 RUNS = "runs"
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from celery_funnel import ConfigurationError, Funnel, Limit, MemoryFunnel, Rate, RedisFunnel
-from celery_funnel._keys import tickets_key
-from celery_funnel.strategies.reservation import SWEEP
-from celery_funnel.strategies.sliding_log import MAX_LOG_LIMIT
+from celery_funnel._limiter.keys import tickets_key
+from celery_funnel._limiter.strategies.reservation import SWEEP
+from celery_funnel._limiter.strategies.sliding_log import MAX_LOG_LIMIT
 
 
 def _zcard(funnel: Funnel, key: str) -> int:

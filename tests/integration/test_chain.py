@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from celery_funnel import Funnel, RedisFunnel
-from celery_funnel._decision import Reservation
+from celery_funnel._limiter.decision import Reservation
 
 NOW = 1_700_000_000.0
 Step = Callable[[Funnel], Any]

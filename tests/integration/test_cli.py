@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from celery_funnel import RedisFunnel
-from celery_funnel._keys import limit_key, task_key
+from celery_funnel._limiter.keys import limit_key, task_key
 from celery_funnel.testing import free_port
 
 pytestmark = pytest.mark.redis

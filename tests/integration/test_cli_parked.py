@@ -9,8 +9,8 @@ import pytest
 import redis
 
 from celery_funnel import RedisFunnel
-from celery_funnel._keys import task_key
-from celery_funnel._park import ParkStore
+from celery_funnel._limiter.keys import task_key
+from celery_funnel._stores.park import ParkStore
 from tests.integration.test_cli import celery_funnel
 from tests.integration.test_park import message
 

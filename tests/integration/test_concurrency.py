@@ -11,8 +11,8 @@ import pytest
 import redis
 
 from celery_funnel import RedisFunnel
-from celery_funnel._keys import companion_key
-from celery_funnel.strategies._common import emission_us
+from celery_funnel._limiter.keys import companion_key
+from celery_funnel._limiter.strategies._common import emission_us
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 PROCESSES = 8

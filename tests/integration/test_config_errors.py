@@ -19,7 +19,7 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
 from celery_funnel import ConfigurationError, FunnelTask, install
-from celery_funnel._runtime import runtime_for
+from celery_funnel._config.runtime import runtime_for
 from celery_funnel.testing import CeleryWorkers
 from tests.integration.conftest import Recorder
 from tests.polling import wait_for
@@ -115,7 +115,7 @@ def test_mistakes_in_task_options_fail_at_the_decorator_line(
 
 def test_booleans_in_celerys_spelling_are_read_as_meant(tmp_path: Path) -> None:
     module = import_app(tmp_path, 'base=FunnelTask, funnel_rate="5/s", funnel_dry_run="false"')
-    from celery_funnel._task_options import dry_run_of
+    from celery_funnel._config.options import dry_run_of
 
     assert dry_run_of(module.app.tasks[f"{module.__name__}.send"], True) is False
 

@@ -17,9 +17,9 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_funnel._fair_store import fair_status
-from celery_funnel._keys import fair_keys
-from celery_funnel._park import ParkStore
+from celery_funnel._limiter.keys import fair_keys
+from celery_funnel._stores.fair import fair_status
+from celery_funnel._stores.park import ParkStore
 from celery_funnel.testing import CeleryWorkers
 from tests.conftest import SERVERS, ServerPool
 from tests.integration.fair_proj import fair_runs, make_fair_app

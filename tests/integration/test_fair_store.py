@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import redis
 
-from celery_funnel._fair import Fair
-from celery_funnel._fair_store import FairStore, fair_status
-from celery_funnel._keys import fair_keys
-from celery_funnel._park import ParkStore
+from celery_funnel._limiter.fair import Fair
+from celery_funnel._limiter.keys import fair_keys
+from celery_funnel._stores.fair import FairStore, fair_status
+from celery_funnel._stores.park import ParkStore
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.redis

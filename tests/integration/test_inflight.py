@@ -18,13 +18,14 @@ import redis
 from kombu.asynchronous import Hub
 from redis.exceptions import NoScriptError
 
-from celery_funnel import Decision, Funnel, Limit, Rate, RedisFunnel, _inflight
-from celery_funnel._gate import Charge, State, Step, Subject, judge
-from celery_funnel._inflight import InFlight
-from celery_funnel._inflight_gate import STAND_IN, InFlightSteps
-from celery_funnel._keys import tickets_key
-from celery_funnel._live import live_for
-from celery_funnel._runtime import runtime_for
+from celery_funnel import Decision, Funnel, Limit, Rate, RedisFunnel
+from celery_funnel._config.runtime import runtime_for
+from celery_funnel._gate import inflight as _inflight
+from celery_funnel._gate.inflight import InFlight
+from celery_funnel._gate.inflight_steps import STAND_IN, InFlightSteps
+from celery_funnel._gate.judge import Charge, State, Step, Subject, judge
+from celery_funnel._gate.live import live_for
+from celery_funnel._limiter.keys import tickets_key
 from celery_funnel.testing import RedisServer
 from tests.integration.proj import close_app, make_app, runs
 from tests.integration.test_one_gate import once_each, send, workers

@@ -9,9 +9,9 @@ import uuid
 import pytest
 import redis
 
-from celery_funnel._keys import task_key
-from celery_funnel._leases import LeaseStore, Seat
-from celery_funnel._park import ParkStore
+from celery_funnel._limiter.keys import task_key
+from celery_funnel._stores.leases import LeaseStore, Seat
+from celery_funnel._stores.park import ParkStore
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.redis

@@ -24,8 +24,8 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_funnel._keys import task_key
-from celery_funnel._leases import Holder, LeaseStore, Seat
+from celery_funnel._limiter.keys import task_key
+from celery_funnel._stores.leases import Holder, LeaseStore, Seat
 from celery_funnel.dashboard._state import funnel_state
 from celery_funnel.testing import CeleryWorkers, RedisServer, peak
 from tests.integration.lease_proj import ENDS, STARTS, make_app

@@ -22,11 +22,11 @@ import redis
 from prometheus_client import CollectorRegistry
 
 from celery_funnel import Rate, control, prometheus
-from celery_funnel._gate import Charge
-from celery_funnel._limit import Limit
-from celery_funnel._live import Live, series_key
-from celery_funnel._live_thread import LiveThread
-from celery_funnel._park import ParkStore
+from celery_funnel._gate.judge import Charge
+from celery_funnel._gate.live import Live, series_key
+from celery_funnel._limiter.limit import Limit
+from celery_funnel._ops.live import LiveThread
+from celery_funnel._stores.park import ParkStore
 from celery_funnel.testing import peak
 from tests.integration.conftest import sample
 from tests.integration.live_cluster import ROOT, TASK, TOKEN, Cluster, Dashboard

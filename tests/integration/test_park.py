@@ -17,8 +17,8 @@ from celery.contrib.testing.worker import start_worker
 from celery.worker import state as worker_state
 
 from celery_funnel import ConfigurationError
-from celery_funnel._park import ParkStore, capture
-from celery_funnel._runtime import runtime_for
+from celery_funnel._config.runtime import runtime_for
+from celery_funnel._stores.park import ParkStore, capture
 from celery_funnel.testing import RedisServer
 from tests.integration.proj import close_app, make_app, runs
 from tests.polling import wait_for

@@ -18,7 +18,7 @@ import redis
 from kombu.connection import Connection
 from kombu.entity import Queue
 
-from celery_funnel._park import ParkStore
+from celery_funnel._stores.park import ParkStore
 from celery_funnel.testing import CeleryWorkers, RedisServer, peak
 from tests.integration.proj import close_app, make_app, runs
 from tests.integration.test_one_gate import (

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from celery_funnel import Decision, Funnel, MemoryFunnel
-from celery_funnel.strategies._common import emission_us
+from celery_funnel._limiter.strategies._common import emission_us
 from tests.tables import T0
 
 US = 1_000_000

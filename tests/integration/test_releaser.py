@@ -13,8 +13,8 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_funnel._park import ParkStore, capture
-from celery_funnel.releaser import Releaser
+from celery_funnel._celery.releaser import Releaser
+from celery_funnel._stores.park import ParkStore, capture
 from celery_funnel.testing import RedisServer
 from tests.integration.proj import close_app, make_app
 from tests.polling import wait_for

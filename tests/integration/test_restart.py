@@ -16,7 +16,7 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_funnel._park import ParkStore
+from celery_funnel._stores.park import ParkStore
 from celery_funnel.testing import CeleryWorkers, RedisServer
 from tests.integration.proj import close_app
 from tests.integration.restart_proj import make_restart_app, restart_runs

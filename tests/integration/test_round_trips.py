@@ -15,8 +15,14 @@ import redis
 from celery.contrib.testing.worker import start_worker
 
 from celery_funnel import FunnelTask
-from celery_funnel.backends._chain import chain_script
-from celery_funnel.strategies import fixed_window, gcra, reservation, sliding_log, sliding_window
+from celery_funnel._limiter.backends._chain import chain_script
+from celery_funnel._limiter.strategies import (
+    fixed_window,
+    gcra,
+    reservation,
+    sliding_log,
+    sliding_window,
+)
 from celery_funnel.testing import RedisServer
 from tests.integration.conftest import Recorder
 from tests.integration.proj import close_app, make_app

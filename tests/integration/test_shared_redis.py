@@ -23,9 +23,9 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
 from celery_funnel import RedisFunnel, signals
-from celery_funnel._errors import BackendConfigurationError
-from celery_funnel._keys import limit_key, task_key
-from celery_funnel.backends._check import acl_line
+from celery_funnel._limiter.errors import BackendConfigurationError
+from celery_funnel._limiter.keys import limit_key, task_key
+from celery_funnel._stores.check import acl_line
 from celery_funnel.testing import RedisServer, find_redis_servers
 from tests.integration.proj import close_app
 from tests.integration.shared_proj import make_shared_app

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from celery_funnel import Funnel
-from celery_funnel.strategies.reservation import Shape
+from celery_funnel._limiter.strategies.reservation import Shape
 from tests.tables import T0, TABLES, Step
 
 

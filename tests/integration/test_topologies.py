@@ -18,8 +18,8 @@ from redis.cluster import RedisCluster
 from redis.sentinel import SentinelConnectionPool
 
 from celery_funnel import BackendError, Funnel, RedisFunnel, Shape
-from celery_funnel._errors import ConfigurationError
-from celery_funnel._runtime import runtime_for
+from celery_funnel._config.runtime import runtime_for
+from celery_funnel._limiter.errors import ConfigurationError
 from tests.conftest import CLUSTER, ServerPool
 from tests.integration.proj import close_app, make_app, runs
 from tests.polling import wait_for

@@ -11,11 +11,11 @@ from redis import exceptions as rx
 from redis.sentinel import SentinelConnectionPool
 
 from celery_funnel import BackendError, ConfigurationError, RedisFunnel
-from celery_funnel._errors import BackendConfigurationError
-from celery_funnel._outage import configuration_fault
-from celery_funnel._runtime import Runtime
-from celery_funnel.backends._clients import client_from_url, mask_url
-from celery_funnel.backends.redis import failure
+from celery_funnel._config.outage import configuration_fault
+from celery_funnel._config.runtime import Runtime
+from celery_funnel._limiter.backends._clients import client_from_url, mask_url
+from celery_funnel._limiter.backends.redis import failure
+from celery_funnel._limiter.errors import BackendConfigurationError
 
 
 def test_plain_urls_give_a_redis_client_with_the_timeouts() -> None:

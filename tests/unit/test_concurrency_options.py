@@ -9,15 +9,15 @@ import pytest
 from celery import Celery
 
 from celery_funnel import ConfigurationError, FunnelTask, install
-from celery_funnel._checks import check_app
-from celery_funnel._concurrency import Concurrency
-from celery_funnel._keys import lease_keys, parse_key, task_key
-from celery_funnel._leases import Lease, Seat
-from celery_funnel._limit import key_part
-from celery_funnel._rate import Rate
-from celery_funnel._runtime import runtime_for
-from celery_funnel._settings import FunnelSettings
-from celery_funnel._task_options import concurrency_of, limits_of, option_of
+from celery_funnel._celery.checks import check_app
+from celery_funnel._config.options import concurrency_of, limits_of, option_of
+from celery_funnel._config.runtime import runtime_for
+from celery_funnel._config.settings import FunnelSettings
+from celery_funnel._limiter.concurrency import Concurrency
+from celery_funnel._limiter.keys import lease_keys, parse_key, task_key
+from celery_funnel._limiter.limit import key_part
+from celery_funnel._limiter.rate import Rate
+from celery_funnel._stores.leases import Lease, Seat
 
 
 def settings(limits: Any, **conf: Any) -> FunnelSettings:

@@ -6,7 +6,7 @@ import pytest
 from redis.crc import key_slot
 
 from celery_funnel import ConfigurationError, Decision, Funnel, MemoryFunnel, Reservation
-from celery_funnel._keys import (
+from celery_funnel._limiter.keys import (
     companion_key,
     glob_escape,
     hash_tag,
@@ -16,7 +16,7 @@ from celery_funnel._keys import (
     task_key,
     tickets_key,
 )
-from celery_funnel._scripts import Arg, Reply, Script
+from celery_funnel._limiter.scripts import Arg, Reply, Script
 
 
 @pytest.mark.parametrize(

@@ -10,10 +10,10 @@ import pytest
 from celery import Celery
 
 from celery_funnel import ConfigurationError, install
-from celery_funnel._charges import matching
-from celery_funnel._checks import check_app
-from celery_funnel._concurrency import Concurrency
-from celery_funnel._settings import FunnelSettings
+from celery_funnel._celery.checks import check_app
+from celery_funnel._config.settings import FunnelSettings
+from celery_funnel._gate.charges import matching
+from celery_funnel._limiter.concurrency import Concurrency
 
 
 @pytest.mark.parametrize(

@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 from kombu.entity import Queue
 
 from celery_funnel import ConfigurationError, FunnelTask, Rate, install
-from celery_funnel._countdown import CountdownPolicy, policy_for
-from celery_funnel._limit import fixed, parse_limit, safe_part
-from celery_funnel._runtime import runtime_for
-from celery_funnel._settings import FunnelSettings
-from celery_funnel._task_options import limits_of
-from celery_funnel._values import check_plain, did_you_mean, format_fields, to_bool
+from celery_funnel._config.countdown import CountdownPolicy, policy_for
+from celery_funnel._config.options import limits_of
+from celery_funnel._config.runtime import runtime_for
+from celery_funnel._config.settings import FunnelSettings
+from celery_funnel._limiter.limit import fixed, parse_limit, safe_part
+from celery_funnel._limiter.values import check_plain, did_you_mean, format_fields, to_bool
 
 
 @pytest.mark.parametrize(
@@ -110,7 +110,7 @@ def test_key_parts_stay_inside_their_key(value: object) -> None:
 
 
 def test_several_limits_need_gcra_and_a_list() -> None:
-    from celery_funnel._task_options import limits_of
+    from celery_funnel._config.options import limits_of
 
     class Base:
         funnel_rate = "5/s"

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from celery_funnel import ConfigurationError, Limit, MemoryFunnel, Rate, strategies
-from celery_funnel._limit import STRATEGIES
+from celery_funnel import ConfigurationError, Limit, MemoryFunnel, Rate
+from celery_funnel._limiter import strategies
+from celery_funnel._limiter.limit import STRATEGIES
 
 
 def test_every_strategy_is_registered_by_name() -> None:

@@ -1,0 +1,123 @@
+"""The releaser: every worker publishes the parked tasks that are due (a consumer bootstep
+running one thread in the worker's main process; no leader, nothing else to deploy).
+
+Each pass claims the entries due within ``lead`` seconds, with a lease, publishes each to
+its original exchange and routing key with the release token in its ``celery_funnel``
+header, and forgets it. A revoked task is dropped instead. An entry whose releaser died
+before forgetting it is claimed again once its lease runs out; the worker gate runs only
+the first copy of a release it sees (``ParkStore.accept``). Each pass first hands the
+free slots of fair-share funnels to their waiting tasks (``_fair_gate.Dispatcher``),
+which makes those entries due.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery.worker import state as worker_state
+
+from .._config.options import limits_of
+from .._config.runtime import runtime_for
+from .._gate.fair import Dispatcher
+from .._gate.publish import publish
+from .._limiter.errors import BackendError
+from .._stores.fair import FairStore
+from .._stores.park import ParkStore, Release
+from .loop import Loop, LoopStep
+
+__all__ = ["Releaser", "ReleaserStep", "park_store"]
+
+logger = logging.getLogger("celery_funnel")
+
+LEAD_SECONDS = 1.0  # released this early: the gate holds an early arrival to its slot
+LEASE_SECONDS = 30.0  # funnel_park_lease: a releaser dying mid-release is replaced then
+BATCH = 100  # entries claimed per pass
+KEEP_SECONDS = 3600.0  # acceptance records, against copies of a release published twice
+IDLE_SECONDS = 1.0  # the longest pause between two passes
+ERROR_PAUSE_SECONDS = 2.0
+
+
+class Releaser(Loop):
+    """Releases the app's due parked tasks from ``store`` until ``stop()``."""
+
+    name = "celery-funnel-releaser"
+    error_pause = ERROR_PAUSE_SECONDS
+
+    def __init__(
+        self, app: Any, store: ParkStore, lease: float = LEASE_SECONDS, lead: float = LEAD_SECONDS
+    ) -> None:
+        super().__init__()
+        self.app, self.store, self.lease, self.lead = app, store, lease, lead
+        runtime = runtime_for(app)
+        self.persistence = runtime.persistence
+        prefix = runtime.settings.key_prefix
+        # only an app with a fair-share funnel dispatches: others release as before
+        fair = _has_fair_funnel(app)
+        self.dispatcher = Dispatcher(FairStore(store.client, prefix)) if fair else None
+
+    def failed(self, error: Exception) -> None:
+        # an outage of the funnels' Redis is reported once by the gates (WARNING)
+        level = logging.INFO if isinstance(error, BackendError) else logging.ERROR
+        logger.log(level, "celery-funnel: releasing parked tasks failed: %s", error, exc_info=True)
+
+    def recovered(self) -> None:
+        logger.info("celery-funnel: releasing parked tasks works again")
+
+    def _drop(self, release: Release) -> None:
+        """A revoked task: never published; its result says REVOKED, as Celery's would."""
+        self.store.accept(release.task_id, release.token, drop=True)
+        self.app.backend.mark_as_revoked(release.task_id, "revoked while parked")
+        logger.info("celery-funnel: parked task %s was revoked: dropped", release.task_id)
+
+    def tick(self) -> float:
+        """One pass; how long to pause before the next (seconds)."""
+        self.persistence.keeps()  # notices (and logs) a restart, at most every 10 s
+        fair = self.dispatcher.tick() if self.dispatcher is not None else None
+        pause = self._release()
+        return pause if fair is None else min(pause, fair)
+
+    def _release(self) -> float:
+        following, now, releases = self.store.claim(self.lead, self.lease, BATCH, KEEP_SECONDS)
+        for release in releases:
+            if release.task_id in worker_state.revoked:
+                self._drop(release)
+                continue
+            publish(self.app, release)
+            self.store.done(release)
+        if len(releases) == BATCH:
+            return 0.0
+        if following < 0:
+            return IDLE_SECONDS
+        return min(max(following - self.lead - now, 0.01), IDLE_SECONDS)
+
+
+def _has_fair_funnel(app: Any) -> bool:
+    """Whether a task of ``app`` has a fair-share funnel (``funnel_fair_by``)."""
+    for task in list(app.tasks.values()):
+        try:
+            if any(limit.fair_by is not None for limit in limits_of(task)):
+                return True
+        except Exception:  # a bad option stops the worker elsewhere, named
+            continue
+    return False
+
+
+def park_store(app: Any) -> ParkStore | None:
+    """The app's parked tasks (None when parking is off)."""
+    runtime = runtime_for(app)
+    if not runtime.settings.park or not runtime.settings.redis_url:
+        return None
+    return ParkStore(runtime.funnel.client, runtime.settings.key_prefix)  # type: ignore[attr-defined]
+
+
+class ReleaserStep(LoopStep):
+    """Consumer bootstep: runs a ``Releaser`` while the consumer runs (parking on)."""
+
+    label = "celery-funnel releaser"
+
+    def make(self, consumer: Any) -> Releaser | None:
+        store = park_store(consumer.app)
+        if store is None:
+            return None
+        return Releaser(consumer.app, store, runtime_for(consumer.app).settings.park_lease)

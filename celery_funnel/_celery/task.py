@@ -1,0 +1,225 @@
+"""``FunnelTask``: a Celery task base class that passes shared funnels before it runs.
+
+On a worker with celery-funnel installed, the worker gate (``celery_funnel.worker``)
+decides every run before it reaches the pool, over the task's own funnels and every
+matching ``funnel_limits`` entry at once, and marks the runs it admitted, which
+``before_start`` then lets through: each funnel is paid once per run. ``before_start``
+is the gate of eager runs (``funnel_throttle_eager``) and of workers without it: it
+calls the same gate core (``_gate.judge``); a refused task is published again, for
+the time the funnel names, with everything it was sent with (``_republish``), and the
+current run ends with ``Ignore``. ``request.retries`` is left alone and ``on_retry``
+is not called: deferrals are counted in a header of their own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from celery import Task
+from celery.exceptions import Ignore
+
+from .._config.options import HEADER, check_call, check_class, dry_run_of, limits_of, policy_of
+from .._config.runtime import Runtime, runtime_for
+from .._gate.fair import fair_of
+from .._gate.judge import (
+    Charge,
+    State,
+    Step,
+    Subject,
+    admitted_by_gate,
+    judge,
+    label_of,
+    report_wait,
+    requeued,
+)
+from .._gate.publish import republish
+from .._limiter.errors import ConfigurationError
+from .._limiter.limit import Limit, fixed
+
+__all__ = ["HEADER", "FunnelTask", "limits_of"]
+
+
+class FunnelTask(Task):  # type: ignore[misc]
+    """Base class for tasks that share funnels: ``@app.task(base=FunnelTask,
+    funnel_rate="30/m", funnel_capacity=15, funnel_key="{customer_id}")``.
+
+    Options (also settable with ``task_annotations``): ``funnel_rate`` (``"N/s"`` …),
+    ``funnel_capacity`` (tasks that may start back to back from an idle funnel,
+    default 1), ``funnel_key`` (format string over the task's arguments, or a callable
+    taking them; default: one funnel per task name), ``funnel_cost`` (units per task,
+    int or callable; default 1), ``funnel_strategy`` (``"gcra"`` default, or
+    ``"fixed_window"``, ``"sliding_window"``, ``"sliding_log"``), and ``funnel_limits``
+    (more limits, as dicts with the same keys: ``rate``, ``capacity``, ``key``,
+    ``cost``), all of which must admit the task at once (GCRA only), and
+    ``funnel_on_backend_error`` (``"defer"``, ``"allow"`` or ``"raise"``; default: the
+    app's setting) for when the funnel's Redis fails, and ``funnel_dry_run`` (default:
+    the app's setting) to run every task at once and only report the deferrals;
+    ``funnel_fair_by`` (format string or callable, like ``funnel_key``) shares the
+    funnel between tenants round-robin, weighted by ``funnel_weights`` (a mapping
+    tenant -> weight, or a callable; default 1), the highest priority first; and
+    ``funnel_concurrency`` (at most this many running at once across the workers, per
+    ``funnel_key`` when set; enforced by the worker gate with leases, see the README).
+
+    Subclasses that override ``before_start`` must call ``super().before_start``.
+
+    Raises (in the task, which then fails): ``CostTooHighError`` when the cost can never
+    fit, ``TooManyDeferralsError`` past ``funnel_max_deferrals``, ``BackendError`` when
+    Redis fails.
+    """
+
+    funnel_rate: ClassVar[str | None] = None
+    funnel_capacity: ClassVar[int] = 1
+    funnel_strategy: ClassVar[str] = "gcra"
+    funnel_key: ClassVar[Any] = None
+    funnel_cost: ClassVar[Any] = 1
+    funnel_limits: ClassVar[Any] = ()
+    funnel_on_backend_error: ClassVar[str | None] = None  # None: the app's setting
+    funnel_dry_run: ClassVar[bool | None] = None  # None: the app's setting
+    funnel_fair_by: ClassVar[Any] = None
+    funnel_weights: ClassVar[Any] = None
+    funnel_concurrency: ClassVar[int | None] = None  # at most this many at once (worker gate)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        check_class(cls, FunnelTask)  # bad options fail where the task is defined
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, *more: Any, **options: Any) -> Any:
+        """Celery's ``apply_async``, after refusing argument values that would make an
+        unstable funnel key (``ConfigurationError``, raised at the call)."""
+        check_call(self, args, kwargs)
+        return super().apply_async(args, kwargs, *more, **options)
+
+    def before_start(self, task_id: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        super().before_start(task_id, args, kwargs)
+        request = self.request
+        runtime = runtime_for(self.app)
+        if request.called_directly or (request.is_eager and not runtime.settings.throttle_eager):
+            return
+        headers = request.headers or {}
+        if admitted_by_gate(headers):
+            return  # this worker's gate admitted the run, over every funnel: paid once
+        if not self._funnel_limits():
+            return
+        charges = self._funnel_charges(runtime, args, kwargs)
+        subject = Subject(
+            self.name,
+            task_id,
+            policy_of(self, runtime.settings.on_backend_error),
+            dry_run_of(self, runtime.settings.dry_run),
+            eager=bool(request.is_eager),
+        )
+        state = State.from_headers(headers)
+        while True:
+            step = judge(runtime, subject, charges, state)
+            if step.run:
+                return
+            if step.error is not None:
+                raise step.error
+            if not request.is_eager and not runtime.countdowns.waits_in_place(step.delay):
+                self._funnel_defer(runtime, subject, label_of(charges), args, kwargs, step)
+            # eager mode (throttled on purpose), or under a second on a broker that
+            # delays by whole seconds only: wait in place, then redeem the slot
+            report_wait(runtime, subject, label_of(charges), step, requeued=False)
+            time.sleep(step.delay)
+            state = step.state
+
+    def funnel_backoff(self, seconds: float) -> None:
+        """The upstream refused this task (an HTTP 429 with Retry-After, say): hold the
+        task's funnels for ``seconds`` for every worker, and defer this task until then.
+        ``seconds`` of 0 or less ("Retry-After: 0") holds nothing: the task books afresh.
+
+        Call it from the task body; it does not return (it ends the run with
+        ``Ignore``, the task being published again). Needs GCRA funnels.
+
+        Raises:
+            ConfigurationError: when the task has no GCRA funnel.
+        """
+        request = self.request
+        limits = self._funnel_limits()
+        if not limits or limits[0].strategy != "gcra":
+            raise ConfigurationError(
+                f"funnel_backoff needs a GCRA funnel on task {self.name!r}"
+                f" (funnel_rate set, funnel_strategy 'gcra')"
+            )
+        runtime = runtime_for(self.app)
+        args, kwargs = request.args or (), request.kwargs or {}
+        keys = self._funnel_keys(runtime, limits, args, kwargs)
+        seconds = max(float(seconds), 0.0)
+        for limit, key in zip(limits, keys, strict=True):
+            rate = limit.rate
+            if seconds > 0:
+                runtime.funnel.hold(key, limit.capacity - 1, rate.count, rate.period, seconds)
+        # the hold voided every booking, this task's too: it books afresh on return
+        state = State.from_headers(request.headers)
+        state = state._replace(deferrals=state.deferrals + 1, booked=False, passed=())
+        subject = Subject(self.name, request.id, runtime.settings.on_backend_error)
+        step = Step(run=False, delay=seconds, state=state)
+        self._funnel_defer(runtime, subject, self.name, args, kwargs, step)
+
+    def _funnel_limits(self) -> tuple[Limit, ...]:
+        if "_funnel_limits_cache" not in self.__dict__:
+            self.__dict__["_funnel_limits_cache"] = limits_of(self)
+        limits: tuple[Limit, ...] = self.__dict__["_funnel_limits_cache"]
+        return limits
+
+    def _funnel_keys(
+        self,
+        runtime: Runtime,
+        limits: Sequence[Limit],
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+    ) -> list[str]:
+        if len(limits) == 1:
+            return [runtime.task_key(self.name, limits[0].key_part(self.run, args, kwargs))]
+        # several limits are checked in one script: the key layout gives them one slot
+        return [
+            runtime.task_key(self.name, limit.key_part(self.run, args, kwargs), i)
+            for i, limit in enumerate(limits)
+        ]
+
+    def _funnel_charges(
+        self, runtime: Runtime, args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> list[Charge]:
+        """What one run with ``args``/``kwargs`` pays on the task's own funnels."""
+        limits = self._funnel_limits()
+        if not limits:
+            return []
+        known = self.__dict__.get("_funnel_fixed_charges")
+        if known is not None and known[0] is runtime:  # every run pays alike: built once
+            return list(known[1])
+        keys = self._funnel_keys(runtime, limits, args, kwargs)
+        run, name = self.run, self.name
+        charges = [
+            Charge(limit, key, limit.cost_of(args, kwargs), name, fair_of(limit, run, args, kwargs))
+            for limit, key in zip(limits, keys, strict=True)
+        ]
+        if all(fixed(limit) for limit in limits):
+            self.__dict__["_funnel_fixed_charges"] = (runtime, tuple(charges))
+        return charges
+
+    def _funnel_defer(
+        self,
+        runtime: Runtime,
+        subject: Subject,
+        label: str,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        step: Step,
+    ) -> None:
+        """Publish the run again for ``step.delay`` (capped), and end this one."""
+        request = self.request
+        countdown = runtime.countdowns.countdown(step.delay)
+        report_wait(
+            runtime, subject, label, step, requeued=True,
+            send_event=self.send_event if runtime.observer.events else None,
+        )  # fmt: skip
+        properties = request.properties or {}
+        republish(
+            self, request, args, kwargs, countdown=countdown,
+            state=requeued(step.state, countdown),
+            content_type=properties.get("content_type"),
+        )  # fmt: skip
+        runtime.observer.quiet_ignored(request.id)
+        raise Ignore()

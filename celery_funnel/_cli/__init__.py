@@ -1,0 +1,2 @@
+"""The command lines: ``celery -A proj funnel ...`` (``commands``) and the
+``celery-funnel`` script (``main``)."""

@@ -1,0 +1,215 @@
+"""``celery -A proj funnel status|inspect|reset|check``: see, reset and check the app's
+funnels. Registered as a Celery subcommand through the ``celery.commands`` entry point.
+
+It only presents what the core computes (``_cli_view``), and only touches keys that
+parse as keys of the layout (``_keys``): never a broker queue, a result, or another
+app's key, whatever the prefix or the name given.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+from celery.bin.base import CeleryCommand, handle_preload_options
+
+from .._config.runtime import Runtime, runtime_for
+from .._limiter.backends._clients import mask_url
+from .._limiter.backends.redis import RedisFunnel
+from .._limiter.keys import FunnelKey
+from .._ops.control import families, overrides, owner
+from .._ops.view import Failure, Found, at, describe, fair_lines, find, limit_of, resolve
+from .._stores.check import acl_line, check
+from .._stores.park import ParkStore
+from .control import dashboard, override_lines, pause, resume, set_command, unset
+from .leases import lease_rows, release_lease, show_holders
+from .parked import parked, parked_summary, purge, release
+
+SHOWN = 20  # keys listed before "... and N more"
+
+
+def _connect(ctx: click.Context) -> tuple[Runtime, RedisFunnel]:
+    runtime = runtime_for(ctx.obj.app)
+    try:
+        funnel = runtime.funnel
+        if not isinstance(funnel, RedisFunnel):
+            raise click.ClickException("the funnels are not kept in Redis")
+        funnel.client.ping()
+    except Exception as exc:  # any failure to connect: one clear line
+        if isinstance(exc, click.ClickException):
+            raise
+        raise click.ClickException(
+            f"cannot reach the funnels' Redis (funnel_redis_url="
+            f"{mask_url(runtime.settings.redis_url)!r}): {exc}"
+        ) from None
+    return runtime, funnel
+
+
+def _echo_rows(ctx: click.Context, rows: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    columns = [
+        "key", "kind", "rate", "capacity", "remaining", "reset_after", "reservations", "parked",
+        "in_use",
+    ]  # fmt: skip
+    widths = {c: max([len(c), *(len(str(r.get(c, ""))) for r in rows)]) for c in columns}
+    ctx.obj.echo("  ".join(c.ljust(widths[c]) for c in columns))
+    for row in rows:
+        ctx.obj.echo("  ".join(str(row.get(c, "")).ljust(widths[c]) for c in columns))
+        show_holders(ctx, row)
+        if "error" in row:
+            ctx.obj.echo(f"  error: {row['error']}")
+        for line in fair_lines(row):
+            ctx.obj.echo(line)
+
+
+@click.group(name="funnel")
+@click.pass_context
+@handle_preload_options  # type: ignore[untyped-decorator]
+def funnel(ctx: click.Context) -> None:
+    """See, reset and check celery-funnel's funnels (in funnel_redis_url)."""
+
+
+@funnel.command(cls=CeleryCommand)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
+    """Every funnel under the key prefix: its limit, remaining, reset_after, bookings."""
+    runtime, backend = _connect(ctx)
+    found = find(backend.client, runtime.settings.key_prefix)
+    rows = [describe(backend, k, limit_of(runtime, k)) for k in found.funnels]
+    store = ParkStore(backend.client, runtime.settings.key_prefix)
+    counts = store.counts() if found.parked else {}
+    entries, known = overrides(ctx.obj.app), families(ctx.obj.app)
+    for key, row in zip(found.funnels, rows, strict=True):
+        row["parked"] = counts.get(row["name"], 0)
+        name = owner(ctx.obj.app, key, known)
+        if name in entries:
+            row["override"] = entries[name].as_dict()
+    rows += lease_rows(runtime, backend.client, found)
+    _echo_rows(ctx, rows, as_json)
+    if found.parked and not as_json:
+        summary = parked_summary(store)
+        for label, count in sorted(summary["parked"].items()):
+            ctx.obj.echo(f"parked: {count} tasks of {label}")
+        if summary["next_release"]:
+            ctx.obj.echo(f"parked: next release {summary['next_release']}")
+    if entries and not as_json:
+        ctx.obj.echo("overrides:")
+        for line in override_lines(ctx.obj.app, entries):
+            ctx.obj.echo(f"  {line}")
+    if found.foreign and not as_json:
+        ctx.obj.echo(f"({found.foreign} other keys under the prefix are not funnels: left alone)")
+
+
+def _resolve(runtime: Runtime, backend: RedisFunnel, name: str) -> Found:
+    return resolve(runtime, backend.client, name)
+
+
+@funnel.command(cls=CeleryCommand)
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def inspect(ctx: click.Context, name: str, as_json: bool) -> None:
+    """One funnel NAME (a task name, limit:<pattern>, or a full key) in detail, with
+    its booked tickets in local time."""
+    runtime, backend = _connect(ctx)
+    funnels = _resolve(runtime, backend, name).funnels
+    if not funnels:
+        raise click.ClickException(f"no funnel {name!r} under {runtime.settings.key_prefix!r}")
+    try:
+        now = backend.time()
+        rows = []
+        for key in funnels:
+            row = describe(backend, key, limit_of(runtime, key))
+            row["tickets"] = [
+                {"ticket": t, "slot": at(slot, now), "in_seconds": round(slot - now, 6)}
+                for t, slot in backend.tickets(key.key, SHOWN)
+            ]
+            rows.append(row)
+    except Failure as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(rows[0] if len(rows) == 1 else rows, indent=2))
+        return
+    for row in rows:
+        for field, value in row.items():
+            if field != "tickets":
+                ctx.obj.echo(f"{field:<14} {value}")
+        for ticket in row["tickets"]:
+            ctx.obj.echo(f"  ticket {ticket['ticket']}: slot {ticket['slot']}")
+
+
+def _delete(backend: RedisFunnel, keys: list[FunnelKey]) -> int:
+    by_tag: dict[str, list[str]] = {}
+    for key in keys:  # one DEL per hash tag: one Cluster slot each
+        by_tag.setdefault(key.name, []).append(key.key)
+    return sum(int(backend.client.delete(*group)) for group in by_tag.values())
+
+
+@funnel.command(cls=CeleryCommand)
+@click.argument("names", nargs=-1)
+@click.option("--all", "everything", is_flag=True, help="Every funnel under the key prefix.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_context
+def reset(ctx: click.Context, names: tuple[str, ...], everything: bool, yes: bool) -> None:
+    """Forget funnels NAMES (task names, limit:<pattern>, or full keys; each with its
+    key parts and tickets), or --all of them. Only keys that parse as funnel keys
+    under funnel_key_prefix are deleted; the list is shown first."""
+    if everything == bool(names):
+        raise click.UsageError("give funnel NAMES or --all")
+    runtime, backend = _connect(ctx)
+    prefix = runtime.settings.key_prefix
+    if not prefix:
+        raise click.ClickException(
+            "funnel_key_prefix is empty: reset cannot tell funnels from other keys; set a"
+            " prefix (e.g. 'funnel:') and let the old keys expire"
+        )
+    try:
+        found = [find(backend.client, prefix)] if everything else [
+            _resolve(runtime, backend, n) for n in names
+        ]  # fmt: skip
+        keys = sorted({k.key: k for f in found for k in f.keys}.values(), key=lambda k: k.key)
+        if not keys:
+            ctx.obj.echo(f"no funnel keys to delete under {prefix!r}")
+            return
+        for key in keys[:SHOWN]:
+            ctx.obj.echo(f"  {key.key}")
+        if len(keys) > SHOWN:
+            ctx.obj.echo(f"  ... and {len(keys) - SHOWN} more")
+        if not yes:
+            click.confirm(f"delete these {len(keys)} funnel keys?", abort=True)
+        ctx.obj.echo(f"deleted {_delete(backend, keys)} keys")
+    except Failure as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@funnel.command(name="check", cls=CeleryCommand)
+@click.pass_context
+def check_command(ctx: click.Context) -> None:
+    """Check the funnels' Redis: credentials, ACL (each script run once on scratch keys
+    under the prefix), replica, eviction policy, persistence. Exit status 1 on errors."""
+    runtime = runtime_for(ctx.obj.app)
+    prefix = runtime.settings.key_prefix
+    ctx.obj.echo(f"funnel_redis_url: {mask_url(runtime.settings.redis_url)}")
+    try:
+        backend = runtime.funnel
+    except Exception as exc:
+        raise click.ClickException(str(exc)) from None
+    parking = runtime.settings.park
+    findings = check(backend, prefix, parking=parking) if isinstance(backend, RedisFunnel) else []
+    for finding in findings:
+        ctx.obj.echo(finding.line())
+    if any(f.topic in ("scripts", "connection") for f in findings):
+        ctx.obj.echo(f"a Redis ACL user for celery-funnel needs:\n  {acl_line(prefix)}")
+    if any(f.level == "error" for f in findings):
+        ctx.exit(1)
+    ctx.obj.echo("ok: celery-funnel can keep its funnels in this Redis")
+
+
+for _command in (
+    parked, release, purge, release_lease, set_command, pause, resume, unset, dashboard
+):  # fmt: skip
+    funnel.add_command(_command)

@@ -1,0 +1,119 @@
+"""``Runtime``: what celery-funnel keeps for one Celery app in one process (settings,
+the funnel backend, the countdown policy), attached to the app, built lazily."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from functools import cached_property
+from typing import Any
+
+from .._limiter.backends.base import Funnel
+from .._limiter.backends.redis import RedisFunnel
+from .._limiter.errors import ConfigurationError
+from .._limiter.keys import limit_key, task_key
+from .._stores.check import Finding, check, report
+from .._stores.persistence import Persistence
+from .countdown import CountdownPolicy, policy_for
+from .observe import Observer
+from .outage import OutageLog
+from .settings import FunnelSettings, read_setting
+
+ATTRIBUTE = "_celery_funnel_runtime"
+logger = logging.getLogger("celery_funnel")
+
+
+class Runtime:
+    """Per-app state: read on first use, so that ``app.conf`` may be set after install."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self._lock = threading.Lock()
+        self.installed = False
+        self.outage = OutageLog(app)
+
+    @cached_property
+    def settings(self) -> FunnelSettings:
+        return FunnelSettings.from_conf(self.app.conf)
+
+    @cached_property
+    def redis_options(self) -> dict[str, Any]:
+        """``funnel_redis_options``: keyword arguments for the redis-py client made from
+        ``funnel_redis_url`` (TLS files, Cluster options, timeouts...), like Celery's
+        ``redis_backend_use_ssl``; they override the socket timeouts.
+
+        Raises:
+            ConfigurationError: when it is not a dict with string keys.
+        """
+        options = read_setting(self.app.conf, "funnel_redis_options") or {}
+        if not isinstance(options, Mapping) or not all(isinstance(k, str) for k in options):
+            raise ConfigurationError(
+                f"funnel_redis_options must be a dict of redis-py client options"
+                f" (e.g. {{'ssl_ca_certs': '/path/ca.pem'}}), got {type(options).__name__}"
+            )
+        return dict(options)
+
+    @cached_property
+    def funnel(self) -> Funnel:
+        target = self.settings.require_redis()
+        options = self.redis_options
+        if isinstance(target, str):
+            timeout = self.settings.socket_timeout
+            options = {"socket_timeout": timeout, "socket_connect_timeout": timeout, **options}
+            return RedisFunnel.from_url(target, **options)
+        if options:
+            raise ConfigurationError(
+                "funnel_redis_options apply to a funnel_redis_url given as a URL; with a"
+                " client object, configure the client itself"
+            )
+        return RedisFunnel(target)
+
+    @cached_property
+    def observer(self) -> Observer:
+        return Observer(self.app)
+
+    @cached_property
+    def persistence(self) -> Persistence:
+        """Whether tasks may be parked in the funnels' Redis (``funnel_park``)."""
+        return Persistence(self.funnel.client, self.settings.park)  # type: ignore[attr-defined]
+
+    @cached_property
+    def countdowns(self) -> CountdownPolicy:
+        return policy_for(self.app.conf, self.settings.max_countdown)
+
+    def check_backend(self) -> list[Finding]:
+        """Check the funnels' Redis (``backends._check.check``: credentials, ACL,
+        replica, eviction, persistence) and log one line per problem; at worker start.
+        Problems are reported, never raised: a Redis that is down now may be up later,
+        and tasks meeting a configuration fault fail with ``BackendConfigurationError``.
+        """
+        funnel = self.funnel
+        if not isinstance(funnel, RedisFunnel):
+            return []
+        findings = check(funnel, self.settings.key_prefix, parking=self.settings.park)
+        report(findings, logger)
+        return findings
+
+    def close(self) -> None:
+        """Close the funnel's Redis connections, if any were made (reopened on use)."""
+        funnel = self.__dict__.pop("funnel", None)
+        if funnel is not None:
+            funnel.client.close()
+
+    def task_key(self, task_name: str, key_part: str = "", index: int | None = None) -> str:
+        """The funnel key of a FunnelTask's limit (``_keys.task_key`` under the prefix)."""
+        return task_key(self.settings.key_prefix, task_name, key_part, index)
+
+    def limit_key(self, pattern: str | None, worker: str = "") -> str:
+        """The funnel key of a worker-wide limit (``_keys.limit_key`` under the prefix)."""
+        return limit_key(self.settings.key_prefix, pattern, worker)
+
+
+def runtime_for(app: Any) -> Runtime:
+    """The app's ``Runtime``, created on first call."""
+    runtime: Runtime | None = app.__dict__.get(ATTRIBUTE)
+    if runtime is None:
+        runtime = Runtime(app)
+        setattr(app, ATTRIBUTE, runtime)
+    return runtime

@@ -1,0 +1,144 @@
+"""The requests the worker gate holds on the consumer's timer, like ETA tasks: dropped
+when the broker connection closes, and swept once a second for revoked ones, which end
+at once (as Celery ends revoked tasks) and give the slot they booked back."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from celery.worker.state import revoked as revoked_tasks
+
+from .._config.runtime import Runtime
+from .._stores.give_back import give_back
+from .charging import Charge, joint
+from .state import State
+
+__all__ = ["Held", "give_back_booking"]
+
+logger = logging.getLogger("celery_funnel")
+
+SWEEP_SECONDS = 1.0
+Release = Callable[[Any, Sequence[Charge], State], Any]
+
+
+def give_back_booking(
+    runtime: Runtime, charges: Sequence[Charge], state: State, ticket: str
+) -> None:
+    """Give back the slot ``ticket`` booked (on the funnels not yet passed), if any;
+    a failure is logged, never raised (the slot then passes unused)."""
+    pending = [
+        c for i, c in enumerate(charges)
+        if c.cost > 0 and i not in state.passed and c.limit.strategy == "gcra"
+    ]  # fmt: skip
+    if not state.booked or not pending:
+        return
+    if not joint(runtime, pending):
+        pending = pending[:1]  # booked one at a time: the first one pending holds it
+    shapes = [
+        (c.limit.capacity - 1, c.limit.rate.count, c.limit.rate.period, c.cost) for c in pending
+    ]
+    try:
+        give_back(runtime.funnel, [c.key for c in pending], shapes, ticket)
+    except Exception as error:  # the slot passes unused: no worse than not trying
+        logger.warning("celery-funnel: could not give back the slot of %s: %r", ticket, error)
+
+
+class Held:
+    """Requests held on ``consumer``'s timer until ``release(request, charges, state)``."""
+
+    def __init__(self, runtime: Runtime, consumer: Any, release: Release) -> None:
+        self.runtime, self.consumer, self.release = runtime, consumer, release
+        self._held: dict[str, tuple[Any, Any, Sequence[Charge], State]] = {}
+        self._sweeper: Any = None
+        # the result backends used to end tasks here (Celery keeps one per thread)
+        self.backends: dict[int, Any] = {}
+
+    def backend_of(self, request: Any) -> None:
+        """Remember the result backend ending ``request`` uses in this thread."""
+        backend = request.task.backend
+        self.backends[id(backend)] = backend
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def charges(self) -> list[Sequence[Charge]]:
+        """The charges of every held request (read from another thread: a copy)."""
+        return [entry[2] for entry in list(self._held.values())]
+
+    def hold(self, request: Any, charges: Sequence[Charge], state: State, delay: float) -> None:
+        """Hold ``request`` for ``delay`` seconds, outside the prefetch window (so that
+        other tasks keep flowing while it waits), as Celery holds ETA tasks."""
+        timer = self.consumer.timer
+        self.consumer.qos.increment_eventually()
+        entry = timer.call_after(delay, self._due, (request.id,), priority=6)
+        self._held[request.id] = (request, entry, charges, state)
+        if self._sweeper is None:
+            self._sweeper = timer.call_repeatedly(SWEEP_SECONDS, self.sweep, priority=6)
+
+    def forget(self, task_id: str) -> None:
+        """Stop holding ``task_id`` (it is being failed or passed on)."""
+        held = self._held.pop(task_id, None)
+        if held is not None:
+            self.consumer.timer.cancel(held[1])
+            self.consumer.qos.decrement_eventually()
+
+    def _due(self, task_id: str) -> None:
+        held = self._held.pop(task_id, None)
+        if held is None:
+            return  # dropped with its connection, or revoked
+        request, _entry, charges, state = held
+        self.consumer.qos.decrement_eventually()
+        self.release(request, charges, state)
+
+    def wake(self, labels: set[str]) -> None:
+        """Decide again now every held request charged by a funnel of ``labels`` (their
+        limits changed). Safe from another thread: only one timer entry is added here,
+        and the requests are woken where their timers run."""
+        self.consumer.timer.call_after(0.0, self._wake, (frozenset(labels),), priority=6)
+
+    def _wake(self, labels: frozenset[str]) -> None:
+        for task_id, (request, _entry, charges, state) in list(self._held.items()):
+            if any(charge.label in labels for charge in charges):
+                self.forget(task_id)
+                # a slot booked under the old limit is not redeemed: it decides anew
+                self.release(request, charges, state._replace(booked=False))
+
+    def sweep(self) -> None:
+        """End every held request that was revoked meanwhile, giving its slot back."""
+        # list() copies at once: without an event loop the timer runs on its own thread
+        for task_id in [t for t in list(self._held) if t in revoked_tasks]:
+            held = self._held.get(task_id)
+            if held is None:
+                continue
+            request, _entry, charges, state = held
+            self.forget(task_id)
+            give_back_booking(self.runtime, charges, state, task_id)
+            self.backend_of(request)
+            request.revoked()  # REVOKED, task_revoked, acked: as Celery ends them
+
+    def drop(self) -> int:
+        """Forget every held request: the broker connection they came on is gone, and
+        the broker delivers them again (to this worker or another). Returns how many."""
+        held, self._held = self._held, {}
+        for _request, entry, _charges, _state in held.values():
+            self.consumer.timer.cancel(entry)
+        if held:
+            logger.info(
+                "celery-funnel: the broker connection closed; %d held task(s) dropped,"
+                " the broker delivers them again", len(held),
+            )  # fmt: skip
+        return len(held)
+
+    def close(self) -> None:
+        """Stop the sweeper and close the result-backend connections opened to end
+        tasks here (the worker shuts down)."""
+        if self._sweeper is not None:
+            self.consumer.timer.cancel(self._sweeper)
+            self._sweeper = None
+        backends, self.backends = self.backends, {}
+        for backend in backends.values():
+            pool = getattr(getattr(backend, "client", None), "connection_pool", None)
+            if pool is not None:
+                pool.disconnect()

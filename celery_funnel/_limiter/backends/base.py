@@ -1,0 +1,213 @@
+"""``Funnel``: the public API of every backend, implemented once over ``_eval``."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from ..decision import Decision, Reservation
+from ..scripts import Arg, Call, Reply, Script
+from ..strategies import fixed_window, gcra, hold, reservation, sliding_log, sliding_window
+from ..strategies.reservation import Shape
+
+T = TypeVar("T")
+
+
+class Funnel(ABC):
+    """A store of funnels. Each method is one atomic step on one funnel (one round trip
+    on Redis). Times are float seconds; ``now`` (seconds since the epoch) replaces the
+    store's clock, for tests and replays: without it the Redis server's ``TIME`` rules.
+
+    Every method raises ``ConfigurationError`` for a zero or negative count or period,
+    a negative max_burst or quantity, or an empty key, before reaching the store, and
+    ``BackendError`` when the store fails (an outage: unreachable, timing out, loading,
+    failing over), ``BackendConfigurationError`` when it refuses the work as configured
+    (wrong password, NOPERM, read-only replica, OOM, WRONGTYPE).
+    """
+
+    @abstractmethod
+    def _eval(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
+        """Run ``script`` atomically on ``keys`` with ``args``."""
+
+    def _eval_many(self, calls: Sequence[Call]) -> list[Reply]:
+        """Run each call atomically, in order; one round trip where the store allows."""
+        return [self._eval(*call) for call in calls]
+
+    def _decide_in_order(
+        self, steps: Sequence[Callable[[Funnel], T]], admits: Callable[[T], bool]
+    ) -> list[T]:
+        """Run ``steps`` (each one decision on this store) in order until one does not
+        ``admit``; their answers. One round trip where the store allows (RedisFunnel)."""
+        answers: list[T] = []
+        for step in steps:
+            answers.append(step(self))
+            if not admits(answers[-1]):
+                break
+        return answers
+
+    def throttle(
+        self,
+        key: str,
+        max_burst: int,
+        count: int,
+        period: float,
+        quantity: int = 1,
+        *,
+        now: float | None = None,
+    ) -> Decision:
+        """Take ``quantity`` units from the GCRA funnel ``key``, as ``CL.THROTTLE`` does.
+
+        The funnel holds ``max_burst + 1`` units and refills ``count`` units per
+        ``period`` seconds. ``quantity=0`` peeks without taking anything; a quantity
+        above the limit is refused with ``retry_after == -1.0``.
+        """
+        return gcra.throttle(self._eval, key, max_burst, count, period, quantity, now)
+
+    def throttle_many(
+        self, funnels: Sequence[Shape], *, now: float | None = None
+    ) -> list[Decision]:
+        """``throttle`` on many GCRA funnels in one round trip (one pipeline on Redis):
+        one ``Decision`` per ``Shape`` (key, max_burst, count, period, quantity), in
+        order. Each decision is atomic on its own funnel, as ``throttle`` is; the batch
+        is not all or nothing (``reserve_all`` is). Arguments are checked before anything
+        is sent: a bad one raises ``ConfigurationError`` and nothing is decided.
+        """
+        rows = [(f.key, f.max_burst, f.count, f.period, f.quantity) for f in funnels]
+        return gcra.throttle_many(self._eval_many, rows, now)
+
+    def water_level(
+        self,
+        key: str,
+        capacity: int,
+        count: int,
+        period: float,
+        quantity: int = 1,
+        *,
+        now: float | None = None,
+    ) -> Decision:
+        """Seed 003's water-level bucket: admit while ``water + quantity <= capacity``,
+        the water leaking at ``count / period`` units per second.
+
+        Computed exactly, it is the GCRA funnel with ``max_burst = capacity - 1`` (the
+        water level is ``TAT - now`` in units of T), so this is ``throttle``.
+        """
+        return self.throttle(key, capacity - 1, count, period, quantity, now=now)
+
+    def reserve(
+        self,
+        key: str,
+        max_burst: int,
+        count: int,
+        period: float,
+        quantity: int = 1,
+        *,
+        ticket: str | None = None,
+        redeem: bool = False,
+        max_wait: float | None = None,
+        early: float | None = None,
+        late: float | None = None,
+        now: float | None = None,
+    ) -> Reservation:
+        """Take ``quantity`` units from the GCRA funnel ``key`` now, or book the next
+        slot where they fit and return the delay until it.
+
+        ``ticket`` names the booking so that a later call with ``redeem=True`` can use
+        it: admitted once, from ``early`` seconds before the slot (default: one slot's
+        width, at most 0.05 s) until ``late`` seconds after it (default: one slot's
+        width, ``quantity * period / count``); before that it is told the remaining
+        delay, after it the ticket is dropped and a new slot is booked. ``max_wait``
+        (seconds) refuses to book further ahead than that.
+        """
+        return self.reserve_all(
+            [Shape(key, max_burst, count, period, quantity)],
+            ticket=ticket, redeem=redeem, max_wait=max_wait, early=early, late=late, now=now,
+        )  # fmt: skip
+
+    def reserve_all(
+        self,
+        funnels: Sequence[Shape],
+        *,
+        ticket: str | None = None,
+        redeem: bool = False,
+        max_wait: float | None = None,
+        early: float | None = None,
+        late: float | None = None,
+        now: float | None = None,
+    ) -> Reservation:
+        """``reserve`` across several GCRA funnels at once, all or nothing: the slot is
+        the earliest time at which every funnel admits its ``Shape``'s quantity, and
+        each funnel is charged as if the request arrived then. ``max_wait=0`` admits now
+        or refuses without booking. The keys must share one Redis Cluster hash slot;
+        the tickets live beside the first. ``limit`` in the answer is the first funnel's.
+        """
+        return reservation.reserve_all(
+            self._eval, funnels, ticket=ticket, redeem=redeem, max_wait=max_wait,
+            early=early, late=late, now=now,
+        )  # fmt: skip
+
+    def hold(
+        self,
+        key: str,
+        max_burst: int,
+        count: int,
+        period: float,
+        seconds: float,
+        *,
+        now: float | None = None,
+    ) -> float:
+        """Admit nothing on GCRA funnel ``key`` until ``seconds`` from now, for every
+        caller: the next unit fits exactly then. Booked tickets are voided (their
+        holders book again). For an upstream's 429 with Retry-After. Returns the seconds
+        until the funnel is idle again."""
+        return hold.hold(self._eval, key, max_burst, count, period, seconds, now)
+
+    def fixed_window(
+        self,
+        key: str,
+        limit: int,
+        period: float,
+        quantity: int = 1,
+        *,
+        partial: bool = False,
+        now: float | None = None,
+    ) -> Decision:
+        """At most ``limit`` units per ``period``-second window aligned on the epoch.
+
+        With ``partial=True`` a request that does not fit whole is granted what is
+        left (``Decision.granted``), as seed 004's ``acquire`` does.
+        """
+        return fixed_window.fixed_window(self._eval, key, limit, period, quantity, partial, now)
+
+    def sliding_log(
+        self,
+        key: str,
+        limit: int,
+        period: float,
+        quantity: int = 1,
+        *,
+        now: float | None = None,
+    ) -> Decision:
+        """At most ``limit`` units in any ``period`` seconds, by a log of each unit."""
+        return sliding_log.sliding_log(self._eval, key, limit, period, quantity, now)
+
+    def sliding_window(
+        self,
+        key: str,
+        limit: int,
+        period: float,
+        quantity: int = 1,
+        *,
+        windows: int = 10,
+        partial: bool = False,
+        now: float | None = None,
+    ) -> Decision:
+        """At most ``limit`` units in the last ``windows`` sub-windows of
+        ``period / windows`` seconds each (the current one included)."""
+        return sliding_window.sliding_window(
+            self._eval, key, limit, period, quantity, windows, partial, now
+        )
+
+    @abstractmethod
+    def reset(self, key: str) -> None:
+        """Forget funnel ``key`` and everything kept beside it (tickets, counters)."""

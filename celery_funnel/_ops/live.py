@@ -1,0 +1,128 @@
+"""A worker's live thread: it keeps the worker's copy of the overrides (``_live``)
+fresh and writes the numbers the dashboard charts, in one round trip about twice a
+second, never on the task path (a consumer bootstep thread in the worker's main
+process, like the releaser)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from .. import signals
+from .._celery.loop import Loop, LoopStep
+from .._celery.worker import WorkerGate
+from .._config.runtime import runtime_for
+from .._gate.live import REFRESH_SECONDS, SERIES_KEEP_SECONDS, Live, live_for, series_key
+from .._gate.overrides import Change, Override, changes
+from .._limiter.keys import live_key, parked_keys
+from . import control
+
+__all__ = ["LiveStep", "LiveThread"]
+
+logger = logging.getLogger("celery_funnel")
+
+ERROR_PAUSE_SECONDS = 2.0
+
+
+class LiveThread(Loop):
+    """Runs ``tick`` every ``REFRESH_SECONDS`` until ``stop()``. ``waiting()``: how many
+    tasks this worker holds, per funnel label; ``changed(changes)``: the overrides in
+    force changed (``_overrides.Change`` by funnel name; set, ended, expired)."""
+
+    name = "celery-funnel-live"
+    error_pause = ERROR_PAUSE_SECONDS
+
+    def __init__(
+        self,
+        client: Any,
+        prefix: str,
+        live: Live,
+        node: str,
+        waiting: Callable[[], dict[str, int]],
+        changed: Callable[[dict[str, Change]], Any],
+    ) -> None:
+        super().__init__()
+        self.client, self.prefix, self.live, self.node = client, prefix, live, node
+        self.waiting, self.changed = waiting, changed
+        self._in_force: dict[str, Override] = {}
+
+    def failed(self, error: Exception) -> None:
+        # Redis down: the table keeps its last content; the gates report the outage
+        logger.info("celery-funnel: live refresh failed: %s", error)
+
+    def tick(self) -> float:
+        """One pass: one pipeline (round trip), then the table and what changed; the
+        pause before the next (seconds)."""
+        counts = self.live.take()
+        try:
+            overrides, parked = self._exchange(counts)
+        except Exception:
+            self.live.give_back(counts)
+            raise
+        table = self.live.overrides
+        table.load(overrides)
+        in_force = table.all()
+        changed = changes(self._in_force, in_force)
+        if changed:
+            self.changed(changed)
+        self._in_force = in_force  # after: a failed pass takes the changes up again
+        parked_counts = {
+            (k.decode() if isinstance(k, bytes) else k): int(v) for k, v in parked.items()
+        }
+        signals.live_refreshed.send(sender=self.node, overrides=in_force, parked=parked_counts)
+        return REFRESH_SECONDS
+
+    def _exchange(self, counts: Counter[tuple[str, int, str]]) -> tuple[Any, Any]:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(live_key(self.prefix, "overrides"))
+        pipe.hgetall(parked_keys(self.prefix)[7])
+        minutes = set()
+        for (label, second, kind), n in counts.items():
+            key = series_key(self.prefix, second // 60)
+            pipe.hincrby(key, f"{label}|{second}|{kind}", n)
+            minutes.add(key)
+        for key in minutes:
+            pipe.expire(key, int(SERIES_KEEP_SECONDS))
+        state = {"at": time.time(), "waiting": self.waiting()}
+        pipe.hset(live_key(self.prefix, "workers"), self.node, json.dumps(state))
+        replies = pipe.execute()
+        return replies[0], replies[1]
+
+
+class LiveStep(LoopStep):
+    """Consumer bootstep: runs a ``LiveThread`` while the consumer runs (funnels kept
+    in Redis)."""
+
+    label = "celery-funnel live"
+
+    def make(self, consumer: Any) -> LiveThread | None:
+        runtime, app = runtime_for(consumer.app), consumer.app
+        if not runtime.settings.redis_url:
+            return None
+
+        def gate() -> WorkerGate | None:
+            found = consumer.on_task_request
+            return found if isinstance(found, WorkerGate) else None
+
+        def waiting() -> dict[str, int]:
+            found = gate()
+            return {} if found is None else found.waiting()
+
+        def changed(found: dict[str, Change]) -> None:
+            for name, change in sorted(found.items()):
+                if change.limit:  # the old limit's bookings go; parked tasks released
+                    control.rebase(app, name, change.after)
+                elif change.unpaused:
+                    control.release_parked(app, name)
+            held = gate()
+            if held is not None:  # every waiting task of those funnels decides again
+                held.held.wake(set(found))
+
+        return LiveThread(
+            runtime.funnel.client, runtime.settings.key_prefix, live_for(app),  # type: ignore[attr-defined]
+            getattr(consumer, "hostname", "") or "worker", waiting, changed,
+        )  # fmt: skip

@@ -1,0 +1,208 @@
+"""Concurrency slots as leases in the funnels' Redis (``lua/lease_*.lua``).
+
+A slot is a lease: the task id in a sorted set beside its funnel's key (``#leases``,
+score = when the lease ends), with who holds it (``#lease-info``: token, worker, start).
+The worker gate takes every slot a task needs in one atomic step, before the task
+reaches the pool; the run gives them back when it ends, by task id and token (twice is
+harmless); the worker renews the leases it holds in one call per interval; a lease not
+renewed (its worker died) runs out, and the next script that touches the funnel frees
+it. A task refused a slot is parked (``_park``) with no release time and queued in
+arrival order (``#waiters``): a freed slot is handed to the oldest waiter in the same
+script, and the process that freed it publishes the waiter at once (``hand_on``).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from .._limiter.errors import BackendError
+from .._limiter.keys import lease_keys, parked_keys
+from .park import Release, decode_message
+from .store import RedisStore, text
+
+__all__ = ["Handed", "Holder", "Lease", "LeaseStore", "Renewal", "Seat", "seats_of"]
+
+logger = logging.getLogger("celery_funnel")
+US = 1_000_000
+
+
+@dataclass(frozen=True)
+class Seat:
+    """One concurrency funnel a run needs a slot in: at most ``n`` at once on ``key``
+    (its funnel key; the lease keys are beside it); ``label`` names it."""
+
+    n: int
+    key: str
+    label: str
+
+
+Handed = tuple[Seat, str]  # a waiter (task id) handed a slot of a funnel
+
+
+def seats_of(raw: Any) -> tuple[Seat, ...]:
+    """Seats as a header carries them (``[[n, key, label], ...]``)."""
+    return tuple(Seat(int(n), str(key), str(label)) for n, key, label in raw or ())
+
+
+def header_of(seats: Sequence[Seat]) -> list[list[Any]]:
+    """``seats`` as a header carries them."""
+    return [[seat.n, seat.key, seat.label] for seat in seats]
+
+
+@dataclass(frozen=True)
+class Lease:
+    """The slots one run of task ``task_id`` holds under ``token``."""
+
+    task_id: str
+    token: str
+    seats: tuple[Seat, ...]
+
+    def header(self) -> dict[str, Any]:
+        """What the run carries in its ``celery_funnel`` header, to give its slots back
+        from the process that runs it."""
+        return {"lease": {"token": self.token, "seats": header_of(self.seats)}}
+
+    @classmethod
+    def from_header(cls, task_id: str, header: Any) -> Lease | None:
+        """The lease a ``celery_funnel`` header carries (None when it carries none)."""
+        raw = header.get("lease") if isinstance(header, dict) else None
+        if not isinstance(raw, dict) or not raw.get("token"):
+            return None
+        return cls(task_id, str(raw["token"]), seats_of(raw["seats"]))
+
+
+@dataclass(frozen=True)
+class Holder:
+    """One slot of a funnel, as ``celery funnel status`` shows it: held by a run of
+    ``task_id`` (``token``) on ``worker`` since ``started``, or handed to a parked
+    waiter (``token`` ""); the lease ends at ``expires`` (epoch seconds)."""
+
+    task_id: str
+    token: str
+    worker: str
+    started: float | None
+    expires: float
+
+
+@dataclass(frozen=True)
+class Renewal:
+    """What one renewal call found: leases no longer held (``gone``: funnel key, task
+    id), funnels with nothing held nor queued (``empty``), waiters handed a slot."""
+
+    gone: list[tuple[str, str]]
+    empty: list[str]
+    promoted: list[Handed]
+
+
+def _handed(seats: Sequence[Seat], items: Iterable[Any]) -> list[Handed]:
+    """The waiters a script handed slots, from its "<funnel index>:<task id>" items."""
+    pairs = (text(item).split(":", 1) for item in items)
+    return [(seats[int(index) - 1], task_id) for index, task_id in pairs]
+
+
+def _keys_and_counts(seats: Sequence[Seat]) -> tuple[list[str], list[int]]:
+    keys = [key for seat in seats for key in lease_keys(seat.key)]
+    return keys, [seat.n for seat in seats]
+
+
+class LeaseStore(RedisStore):
+    """The concurrency slots of one app in the funnels' Redis (``client``, redis-py),
+    with leases of ``ttl`` seconds; parked waiters live in the parked index under
+    ``prefix``.
+
+    Raises (every method): ``BackendError`` when Redis fails.
+    """
+
+    what = "the concurrency slots"
+
+    def __init__(self, client: Any, prefix: str, ttl: float) -> None:
+        super().__init__(client)
+        self.ttl, self.ttl_us = ttl, round(ttl * US)
+        self.parked = parked_keys(prefix)
+        self._acquire, self._enqueue, self._release, self._renew = (
+            self._register("_lease", name)
+            for name in ("lease_acquire", "lease_enqueue", "lease_release", "lease_renew")
+        )
+        self._wake = self._register("_parked", "lease_wake")
+
+    def acquire(
+        self, seats: Sequence[Seat], task_id: str, worker: str
+    ) -> tuple[Lease | None, list[Handed]]:
+        """Take a slot in every one of ``seats`` for ``task_id``, all or none: the lease
+        (None: refused, nothing taken) and the waiters this call handed a slot."""
+        token = uuid.uuid4().hex
+        keys, counts = _keys_and_counts(seats)
+        reply = self._script(
+            self._acquire, keys, task_id, f"{token}|{worker}", self.ttl_us, *counts
+        )
+        lease = Lease(task_id, token, tuple(seats)) if int(reply[0]) else None
+        return lease, _handed(seats, reply[2:])
+
+    def enqueue(self, seats: Sequence[Seat], task_id: str) -> list[Handed]:
+        """Queue parked ``task_id`` for a slot in ``seats``; the waiters handed one."""
+        keys, counts = _keys_and_counts(seats)
+        return _handed(seats, self._script(self._enqueue, keys, task_id, self.ttl_us, *counts))
+
+    def release(self, seats: Sequence[Seat], task_id: str, token: str) -> tuple[int, list[Handed]]:
+        """Give back the slots ``task_id`` holds under ``token`` ("": a slot handed to
+        it while parked, and its place in the queue; "*": whatever holds them). How
+        many were given back, and the waiters handed them."""
+        keys, counts = _keys_and_counts(seats)
+        reply = self._script(self._release, keys, task_id, token, self.ttl_us, *counts)
+        return int(reply[0]), _handed(seats, reply[1:])
+
+    def renew(self, funnels: Sequence[Seat], held: dict[str, list[tuple[str, str]]]) -> Renewal:
+        """Renew the leases ``held`` (funnel key -> [(task id, token)]) in one call, and
+        sweep every one of ``funnels`` for leases that ran out."""
+        keys, args = _keys_and_counts(funnels)[0], [str(self.ttl_us)]
+        for seat in funnels:
+            pairs = held.get(seat.key, [])
+            args += [str(seat.n), str(len(pairs)), *(item for pair in pairs for item in pair)]
+        reply = [text(item) for item in self._script(self._renew, keys, *args)]
+        count = int(reply[0])
+        gone = []
+        for item in reply[1 : 1 + count]:
+            index, task_id = item.split(":", 1)
+            gone.append((funnels[int(index) - 1].key, task_id))
+        at = 1 + count
+        empties = int(reply[at])
+        empty = [funnels[int(i) - 1].key for i in reply[at + 1 : at + 1 + empties]]
+        return Renewal(gone, empty, _handed(funnels, reply[at + 1 + empties :]))
+
+    def wake(self, task_ids: Iterable[str], lease: float) -> tuple[list[str], list[Release]]:
+        """Claim the parked waiters ``task_ids`` for release now (``lease`` seconds to
+        publish them): the ids no longer parked, and the claims to publish."""
+        token = uuid.uuid4().hex
+        args = [round(lease * US), token, *task_ids]
+        try:
+            reply = self._wake(keys=self.parked, args=args)
+        except RedisError as exc:
+            raise BackendError(f"Redis failed on the parked tasks: {exc}") from exc
+        count = int(reply[0])
+        missing = [text(i) for i in reply[1 : 1 + count]]
+        rest = reply[1 + count :]
+        pairs = zip(rest[0::2], rest[1::2], strict=True)
+        return missing, [Release(text(i), token, decode_message(m)) for i, m in pairs]
+
+    def holders(self, key: str) -> list[Holder]:
+        """Who holds the slots of concurrency funnel ``key``, oldest lease end first."""
+        leases, info, _ = lease_keys(key)
+        pairs = self._method("zrange", leases, 0, -1, withscores=True)
+        values = self._method("hmget", info, [i for i, _ in pairs]) if pairs else []
+        found = []
+        for (task_id, ends), value in zip(pairs, values, strict=True):
+            token, _, rest = text(value or "").partition("|")
+            worker, _, started = rest.rpartition("|")
+            begun = int(started) / US if started.isdigit() else None
+            found.append(Holder(text(task_id), token, worker, begun, float(ends) / US))
+        return found
+
+    def waiting(self, key: str) -> int:
+        """How many parked tasks wait for a slot of concurrency funnel ``key``."""
+        return int(self._method("zcard", lease_keys(key)[2]))

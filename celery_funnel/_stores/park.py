@@ -1,0 +1,227 @@
+"""Parked tasks: deferred messages kept in the funnels' Redis until their release time.
+
+A task deferred for longer than a short threshold is not published again with a long
+countdown (which sits un-acked in a worker's memory and must be re-published before the
+broker's redelivery limit): its message, exactly as it would have been published, is
+written to Redis with its release time, and the broker's copy is acked. Every worker's
+releaser (``releaser.py``) claims due entries with a lease, publishes them to their
+original exchange and routing key, and forgets them. A releaser that dies mid-release
+leaves a lease that runs out; another claims the entry again. Each release carries a
+token: the first copy a worker accepts runs, any other copy of the same release is dropped.
+
+Keys (one hash tag, so one script sees them all on a Redis Cluster)::
+
+    <prefix>{~parked}#due          sorted set  task id -> release time (µs)
+    <prefix>{~parked}#entries      hash        task id -> message (JSON)
+    <prefix>{~parked}#claims       hash        task id -> token of the claiming release
+    <prefix>{~parked}#leases       sorted set  task id -> end of the claim (µs)
+    <prefix>{~parked}#accepted     hash        task id -> token of the accepted copy
+    <prefix>{~parked}#accepted-at  sorted set  task id -> when (µs), to expire the above
+
+An entry records its funnel, Celery priority and arrival time beside the message, so
+that another release order (by priority, or fair between keys) reads the same entries.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kombu.entity import Queue
+from kombu.messaging import Producer
+
+from .._limiter.keys import parked_keys
+from .fair import FairStore
+from .store import RedisStore, text
+
+__all__ = ["ParkStore", "Parked", "Release", "capture"]
+
+US = 1_000_000
+PAGE = 500  # entries read per round trip
+PAGES = 200  # pages of the release order a listing reads at most
+
+
+@dataclass(frozen=True)
+class Parked:
+    """One parked task, as ``ParkStore.entries`` lists it."""
+
+    task_id: str
+    release_at: float  # seconds since the epoch, the funnels' Redis clock
+    task: str  # the task's name
+    funnel: str  # the funnel(s) that deferred it
+    priority: int | None
+    parked_at: float  # seconds since the epoch
+
+
+@dataclass(frozen=True)
+class Release:
+    """A claimed entry: publish ``message`` to release task ``task_id``; ``token``
+    marks this release (its copies carry it)."""
+
+    task_id: str
+    token: str
+    message: dict[str, Any]
+
+
+class _Capture(Producer):
+    """A producer that keeps the messages it is asked to publish instead of sending them:
+    the message exactly as Celery would publish it (serialized, compressed, headers,
+    properties, exchange, routing key, queues to declare)."""
+
+    def __init__(self, connection: Any) -> None:
+        super().__init__(connection, auto_declare=False)  # type: ignore[no-untyped-call]
+        self.messages: list[dict[str, Any]] = []
+
+    def _publish(  # kombu's signature
+        self, body: bytes, priority: int | None, content_type: str, content_encoding: str,
+        headers: dict[str, Any], properties: dict[str, Any], routing_key: str,
+        mandatory: bool, immediate: bool, exchange: str, declare: list[Any],
+        *args: Any, **kwargs: Any,
+    ) -> None:  # fmt: skip
+        self.messages.append({
+            "body": body if isinstance(body, bytes) else str(body).encode(content_encoding),
+            "content_type": content_type, "content_encoding": content_encoding,
+            "headers": dict(headers or {}), "properties": dict(properties or {}),
+            "priority": priority, "exchange": exchange, "routing_key": routing_key,
+            "declare": [e.name for e in declare or () if isinstance(e, Queue)],
+        })  # fmt: skip
+
+
+def capture(signature: Any, meta: Mapping[str, Any], **options: Any) -> dict[str, Any]:
+    """The message ``signature.apply_async(**options)`` would publish, without
+    publishing it, with ``meta`` (task, funnel, priority, parked_at) beside it.
+
+    Raises:
+        RuntimeError: when Celery published no task message.
+    """
+    with signature.app.connection_for_write() as connection:
+        producer = _Capture(connection)
+        signature.apply_async(producer=producer, **options)
+    # a task-sent event, when enabled, goes through the same producer: keep the task
+    found = [m for m in producer.messages if "task" in m["headers"] and "id" in m["headers"]]
+    if not found:
+        raise RuntimeError(f"no task message was published for {signature!r}")
+    return {**found[0], "meta": dict(meta)}
+
+
+def encode_message(message: Mapping[str, Any]) -> str:
+    """A captured message as JSON text (the body base64-encoded)."""
+    return json.dumps({**message, "body": base64.b64encode(message["body"]).decode("ascii")})
+
+
+def decode_message(text: str | bytes) -> dict[str, Any]:
+    """The inverse of ``encode_message``."""
+    message: dict[str, Any] = json.loads(text)
+    message["body"] = base64.b64decode(message["body"])
+    return message
+
+
+class ParkStore(RedisStore):
+    """The parked tasks of one app, in the funnels' Redis (``client``, redis-py), under
+    ``prefix`` (``funnel_key_prefix``).
+
+    Raises (every method): ``BackendError`` when Redis fails.
+    """
+
+    what = "the parked tasks"
+
+    def __init__(self, client: Any, prefix: str) -> None:
+        super().__init__(client)
+        self.prefix = prefix
+        self.keys = parked_keys(prefix)
+        self._park, self._claim, self._done, self._accept, self._purge = (
+            self._register("_parked", name)
+            for name in ("park", "park_claim", "park_done", "park_accept", "park_purge")
+        )
+
+    def park(self, task_id: str, wait: float, message: Mapping[str, Any], token: str) -> bool:
+        """Park ``message`` (see ``capture``) for ``wait`` seconds from now (the server's
+        clock), counted under its ``meta["funnel"]`` label. ``token``: the release token
+        the deferred copy carried ("" if none). False when that copy is stale (its task
+        was released and accepted already): the caller drops it."""
+        wait_us = max(round(wait * US), 0)
+        label = str(message["meta"]["funnel"])
+        reply = self._script(
+            self._park, self.keys, task_id, wait_us, encode_message(message), token, label
+        )
+        return bool(reply[0])
+
+    def claim(
+        self, lead: float, lease: float, limit: int, keep: float
+    ) -> tuple[float, float, list[Release]]:
+        """Claim up to ``limit`` entries due within ``lead`` seconds (and any whose lease
+        ran out) for ``lease`` seconds; forget acceptance records older than ``keep``
+        seconds. Returns the next release time and the server's time (epoch seconds;
+        the next release is -1 when nothing waits), and the claims."""
+        token = uuid.uuid4().hex
+        args = (round(lead * US), round(lease * US), limit, token, round(keep * US))
+        reply = self._script(self._claim, self.keys, *args)
+        pairs = zip(reply[2::2], reply[3::2], strict=True)
+        releases = [Release(text(i), token, decode_message(m)) for i, m in pairs]
+        following = float(reply[0]) / US if int(reply[0]) >= 0 else -1.0
+        return following, float(reply[1]) / US, releases
+
+    def done(self, release: Release) -> bool:
+        """``release`` was published: forget its entry (unless parked again since)."""
+        return bool(self._script(self._done, self.keys, release.task_id, release.token)[0])
+
+    def accept(self, task_id: str, token: str, *, drop: bool = False) -> bool:
+        """A worker received a copy of a release: True to run it, False when another copy
+        of the same release was accepted (drop this one). ``drop``: the task was
+        revoked; record the release as done and run nothing."""
+        return bool(
+            self._script(self._accept, self.keys, task_id, token, "drop" if drop else "")[0]
+        )
+
+    def count(self) -> int:
+        """How many tasks are parked (those being released included)."""
+        return int(self._method("execute_command", "HLEN", self.keys[1]))
+
+    def counts(self) -> dict[str, int]:
+        """How many tasks each funnel label holds parked."""
+        raw = self._method("hgetall", self.keys[7])
+        return {text(k): int(v) for k, v in raw.items() if int(v) > 0}
+
+    def entries(self, limit: int = 1000, label: str | None = None) -> list[Parked]:
+        """Up to ``limit`` parked tasks (of funnel ``label`` only, when given), the next to
+        be released first; at most ``PAGES`` pages of the release order are read."""
+        found: list[Parked] = []
+        for page in range(PAGES):
+            pairs = self._method(
+                "zrange", self.keys[0], page * PAGE, (page + 1) * PAGE - 1, withscores=True
+            )
+            if not pairs:
+                break
+            texts = self._method("execute_command", "HMGET", self.keys[1], *[i for i, _ in pairs])
+            for (task_id, score), raw in zip(pairs, texts, strict=True):
+                if raw is None:
+                    continue
+                meta = json.loads(raw)["meta"]
+                if label is None or meta["funnel"] == label:
+                    found.append(Parked(
+                        text(task_id), float(score) / US, meta["task"], meta["funnel"],
+                        meta.get("priority"), meta["parked_at"],
+                    ))  # fmt: skip
+                if len(found) >= limit:
+                    return found
+        return found
+
+    def purge(self, label: str | None = None, *, release: bool = False) -> int:
+        """Delete the parked tasks (of funnel ``label`` only, when given): they never run;
+        or, with ``release``, make them due now. How many it purged or made due (at most
+        ``PAGE * PAGES`` per call)."""
+        ids = [p.task_id for p in self.entries(PAGE * PAGES, label)]
+        action = "release" if release else "purge"
+        done = sum(
+            int(self._script(self._purge, self.keys, action, *ids[start : start + PAGE])[0])
+            for start in range(0, len(ids), PAGE)
+        )
+        if not release:  # purged fair-share tasks leave their queues: no slot for them
+            fair = FairStore(self.client, self.prefix)
+            for start in range(0, len(ids), PAGE):
+                fair.forget(ids[start : start + PAGE])
+        return done
