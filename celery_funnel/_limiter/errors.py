@@ -53,3 +53,12 @@ class BackendConfigurationError(FunnelError):
 
     Raised ``from`` the underlying client error (``__cause__``, in the raising process).
     """
+
+
+# Users meet these as ``celery_funnel.X`` (their public home): tracebacks, Celery's
+# stored exceptions and pickle name them so, and find them there.
+for _public in (
+    FunnelError, ConfigurationError, BackendError, CostTooHighError, TooManyDeferralsError,
+    BackendConfigurationError,
+):  # fmt: skip
+    _public.__module__ = "celery_funnel"
