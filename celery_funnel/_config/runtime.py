@@ -76,7 +76,7 @@ class Runtime:
     @cached_property
     def persistence(self) -> Persistence:
         """Whether tasks may be parked in the funnels' Redis (``funnel_park``)."""
-        return Persistence(self.funnel.client, self.settings.park)  # type: ignore[attr-defined]
+        return Persistence(lambda: self.funnel.client, self.settings.park)  # type: ignore[attr-defined]
 
     @cached_property
     def countdowns(self) -> CountdownPolicy:

@@ -1,115 +1,91 @@
-"""The worker gate's waits for concurrency slots (``SlotWaits``, mixed into
-``worker.WorkerGate``): take the slots a run needs, or park it as a waiter (queued in
-arrival order, published again by the run that frees a slot), or apply the outage
-policy when the funnels' Redis fails."""
+"""The concurrency slots a run needs (``Slots``): take them all before the run reaches the
+pool, or make it wait: parked as a waiter (queued in arrival order, published again by
+the run that frees a slot) where tasks may be parked, else held and tried again; or, when
+the funnels' Redis fails, the outage policy."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from .._config.runtime import Runtime
 from .._limiter.errors import BackendError
-from .._stores.leases import Lease, Seat
-from .judge import HEADER, Charge, State, Step, Subject, gate_mark, report_wait
+from .._stores.leases import Lease
+from .arrival import Arrival
+from .judge import Step
 from .judge import _outage as outage_step
 from .parking import Parking
 from .seats import WAIT_SECONDS, Seats
+from .waits import Waits
 
-__all__ = ["SlotWaits"]
+__all__ = ["POLL_SECONDS", "Slots"]
 
 logger = logging.getLogger("celery_funnel")
 
 # how often a task waiting for a slot in the worker (nothing parked) tries again
 POLL_SECONDS = 0.5
 
+Admit = Callable[[Arrival, "Lease | None"], Any]  # run it (what the gate returns)
+Fail = Callable[[Any, BaseException, bool], Any]  # fail the request (reported or not)
 
-class SlotWaits:
-    """What the worker gate does with the concurrency slots of a request."""
 
-    runtime: Runtime
-    seats: Seats
-    parking: Parking
-    handle: Callable[[Any], Any]
+class Slots:
+    """The slots of the worker gate's runs: ``admit`` runs a request, ``fail`` fails it."""
 
-    if TYPE_CHECKING:  # the worker gate's own
+    def __init__(
+        self, runtime: Runtime, seats: Seats, parking: Parking, waits: Waits,
+        admit: Admit, fail: Fail,
+    ) -> None:  # fmt: skip
+        self.runtime, self.seats, self.parking, self.waits = runtime, seats, parking, waits
+        self.admit, self.fail = admit, fail
 
-        def _park(self, request: Any, charges: Sequence[Charge], step: Step, label: str) -> bool:
-            raise NotImplementedError
-
-        def _fail(self, request: Any, error: BaseException, *, reported: bool) -> None:
-            raise NotImplementedError
-
-        def _wait(self, request: Any, charges: Sequence[Charge], step: Step) -> None:
-            raise NotImplementedError
-
-        def _subject(self, request: Any) -> Subject:
-            raise NotImplementedError
-
-        def _send_event(self, request: Any) -> Callable[..., Any] | None:
-            raise NotImplementedError
-
-    def _take_slots(
-        self, request: Any, charges: Sequence[Charge], state: State, seats: Sequence[Seat]
-    ) -> tuple[Lease | None, Any]:
-        """The lease of every slot in ``seats``, or (None, what the gate returns) when
-        the request waits: parked, held for an outage back-off, run or failed by the
-        outage policy.
+    def take(self, arrival: Arrival) -> tuple[Lease | None, Any]:
+        """The lease of every slot ``arrival`` needs, or (None, what the gate returns)
+        when it waits: parked, held, run or failed by the outage policy.
 
         Raises:
             Exception: what computing a key raised (the gate fails the task).
         """
         try:
-            lease = self.seats.take(request, seats)
+            lease = self.seats.take(arrival.request, arrival.seats)
         except BackendError as error:
-            return None, self._slot_outage(request, charges, state, seats, error)
+            return None, self._outage(arrival, error)
         if lease is None:
-            self._wait_for_slot(request, charges, state, seats)
+            self._wait(arrival)
         return lease, None
 
-    def _slot_outage(
-        self,
-        request: Any,
-        charges: Sequence[Charge],
-        state: State,
-        seats: Sequence[Seat],
-        error: BackendError,
-    ) -> Any:
+    def _label(self, arrival: Arrival) -> str:
+        return "+".join(seat.label for seat in arrival.seats)
+
+    def _outage(self, arrival: Arrival, error: BackendError) -> Any:
         """The funnels' Redis failed taking a slot: the outage policy decides (run
         now, unlimited; fail; or hold for a back-off and try again)."""
-        label = "+".join(seat.label for seat in seats)
-        step = outage_step(self.runtime, self._subject(request), state, error, label)
+        label = self._label(arrival)
+        step = outage_step(self.runtime, arrival.subject, arrival.state, error, label)
         if step.run:
-            request.request_dict[HEADER] = state.header(gate=gate_mark())
-            return self.handle(request)
+            return self.admit(arrival, None)
         if step.error is not None:
-            return self._fail(request, step.error, reported=True)
-        return self._wait(request, charges, step)
+            return self.fail(arrival.request, step.error, True)
+        return self.waits.wait(arrival, step)
 
-    def _wait_for_slot(
-        self, request: Any, charges: Sequence[Charge], state: State, seats: Sequence[Seat]
-    ) -> None:
+    def _wait(self, arrival: Arrival) -> None:
         """No slot: park the task with no release time and queue it; the run that frees
-        a slot hands it over and publishes it (``_leases``). Where nothing may be parked
-        (``_persistence``), the task waits in the worker (or the broker, past what it
-        may hold) and tries again every ``POLL_SECONDS``."""
-        label = "+".join(seat.label for seat in seats)
+        a slot hands it over and publishes it (``leases``). Where nothing may be parked
+        (``_stores.persistence``), the task waits in the worker (or the broker, past what
+        it may hold) and tries again every ``POLL_SECONDS``."""
+        state, request = arrival.state, arrival.request
+        after = state._replace(deferrals=state.deferrals + 1)
         if not self.parking.on:
-            after = state._replace(deferrals=state.deferrals + 1)
-            self._wait(request, charges, Step(run=False, delay=POLL_SECONDS, state=after))
+            self.waits.wait(arrival, Step(run=False, delay=POLL_SECONDS, state=after))
             return
-        step = Step(
-            run=False, delay=WAIT_SECONDS, state=state._replace(deferrals=state.deferrals + 1)
-        )
-        report_wait(
-            self.runtime, self._subject(request), label, step._replace(delay=0.0),
-            requeued=True, send_event=self._send_event(request),
-        )  # fmt: skip
-        if not self._park(request, charges, step, label):
+        label = self._label(arrival)
+        step = Step(run=False, delay=WAIT_SECONDS, state=after)
+        self.waits.report(arrival, step._replace(delay=0.0), label, requeued=True)
+        if not self.waits.park(arrival, step, label):
             return  # held, to try again shortly
         try:
-            self.seats.queue(request, seats)
+            self.seats.queue(request, arrival.seats)
         except BackendError as error:  # parked but not queued: released within the hour
             logger.warning(
                 "celery-funnel: task %s[%s] parked for a slot, but not queued (%r): it is"

@@ -1,79 +1,71 @@
-"""The worker gate's waits (``WaitSteps``, mixed into ``worker.WorkerGate``): a refused
-task is held on the consumer's timer when its wait fits in what the broker allows an
-un-acked message, parked in the funnels' Redis when parking is on, or published again
-with the capped countdown; the original is acked only after it is parked or published."""
+"""What the worker gate does with a run a funnel refused (``Waits``): hold it on the
+consumer's timer when its wait fits in what the broker allows an un-acked message, park
+it in the funnels' Redis when parking is on, or publish it again with the capped
+countdown; the original is acked only after it is parked or published."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from celery.worker.state import task_ready
 
 from .._config.outage import BACKOFF_FIRST_SECONDS
 from .._config.runtime import Runtime
+from .arrival import Arrival
 from .fair import fair_charge
 from .held import Held
-from .judge import Charge, State, Step, Subject, label_of, lead, report_wait, requeued
+from .judge import State, Step, lead, report_wait, requeued
 from .parking import Parking
 from .publish import republish
 from .requests import until_expiry
 
-__all__ = ["WaitSteps"]
+__all__ = ["Events", "Waits"]
 
 logger = logging.getLogger("celery_funnel")
 
+# the Celery event sender of a request (None: events are off)
+Events = Callable[[Any], Callable[..., Any] | None]
 
-class WaitSteps:
-    """What the worker gate does with a request a funnel refused."""
 
-    runtime: Runtime
-    parking: Parking
-    held: Held
+class Waits:
+    """The waits of one worker gate: ``events(request)`` sends a request's Celery events."""
 
-    if TYPE_CHECKING:  # the worker gate's own
+    def __init__(self, runtime: Runtime, parking: Parking, held: Held, events: Events) -> None:
+        self.runtime, self.parking, self.held, self.events = runtime, parking, held, events
 
-        def _subject(self, request: Any) -> Subject:
-            raise NotImplementedError
+    def report(self, arrival: Arrival, step: Step, label: str, *, requeued: bool) -> None:
+        """Report a deferral (signals, log line, Celery event)."""
+        report_wait(
+            self.runtime, arrival.subject, label, step, requeued=requeued,
+            send_event=self.events(arrival.request),
+        )  # fmt: skip
 
-        def _send_event(self, request: Any) -> Callable[..., Any] | None:
-            raise NotImplementedError
-
-    def _wait(self, request: Any, charges: Sequence[Charge], step: Step) -> None:
-        policy = self.runtime.countdowns
+    def wait(self, arrival: Arrival, step: Step) -> None:
+        """Hold, park or publish again ``arrival``, refused with ``step``."""
+        request, policy = arrival.request, self.runtime.countdowns
         # un-acked so far: the countdown it came with (an ETA message is held un-acked)
         # and what this worker held it for before
         budget = policy.cap - step.state.waited
-        # a booked slot is honoured a little early: aim there, timers fire late
-        aim = step.delay - lead(charges) if step.booked else step.delay
-        hold = min(max(aim, 0.0), until_expiry(request))
-        subject = self._subject(request)
-        label = label_of(charges)
         until = until_expiry(request)
+        # a booked slot is honoured a little early: aim there, timers fire late
+        aim = step.delay - lead(arrival.charges) if step.booked else step.delay
+        hold = min(max(aim, 0.0), until)
         if step.queued or self.parking.wants(step.delay, until, outage=step.outage):
-            report_wait(
-                self.runtime, subject, label, step, requeued=True,
-                send_event=self._send_event(request),
-            )  # fmt: skip
-            self._park(request, charges, step, label)
+            self.report(arrival, step, arrival.label, requeued=True)
+            self.park(arrival, step, arrival.label)
             return
         if hold <= budget or policy.waits_in_place(step.delay):
-            report_wait(
-                self.runtime, subject, label, step, requeued=False,
-                send_event=self._send_event(request),
-            )  # fmt: skip
-            waited = step.state.waited + hold
-            self._hold(request, charges, step.state._replace(waited=waited), hold)
+            self.report(arrival, step, arrival.label, requeued=False)
+            self.hold(arrival, step.state._replace(waited=step.state.waited + hold), hold)
             return
-        report_wait(
-            self.runtime, subject, label, step, requeued=True,
-            send_event=self._send_event(request),
-        )  # fmt: skip
-        self._republish(request, charges, step)
+        self.report(arrival, step, arrival.label, requeued=True)
+        self.republish(arrival, step)
 
-    def _republish(self, request: Any, charges: Sequence[Charge], step: Step) -> None:
+    def republish(self, arrival: Arrival, step: Step) -> None:
         """Publish the task again for the capped countdown; ack the original after."""
+        request = arrival.request
         # never past its expiry: it then arrives expired, and ends as Celery ends those
         countdown = min(self.runtime.countdowns.countdown(step.delay), until_expiry(request))
         try:
@@ -88,15 +80,16 @@ class WaitSteps:
                 " holding it %.0f s",
                 request.name, request.id, error, BACKOFF_FIRST_SECONDS,
             )  # fmt: skip
-            self._hold(request, charges, step.state, BACKOFF_FIRST_SECONDS)
+            self.hold(arrival, step.state, BACKOFF_FIRST_SECONDS)
             return
         request.acknowledge()
         task_ready(request)
 
-    def _park(self, request: Any, charges: Sequence[Charge], step: Step, label: str) -> bool:
+    def park(self, arrival: Arrival, step: Step, label: str) -> bool:
         """Park the task in the funnels' Redis until its slot; ack the original after.
         False when it could not be parked (it is held, to try again shortly)."""
-        fair = fair_charge(charges, step.queued)
+        request = arrival.request
+        fair = fair_charge(arrival.charges, step.queued)
         try:
             fresh = self.parking.park(request, requeued(step.state, 0.0), step.delay, label, fair)
         except Exception as error:  # keep it, try again shortly
@@ -104,7 +97,7 @@ class WaitSteps:
                 "celery-funnel: could not park deferred task %s[%s] (%r); holding it %.0f s",
                 request.name, request.id, error, BACKOFF_FIRST_SECONDS,
             )  # fmt: skip
-            self._hold(request, charges, step.state, BACKOFF_FIRST_SECONDS)
+            self.hold(arrival, step.state, BACKOFF_FIRST_SECONDS)
             return False
         if not fresh:
             logger.info(
@@ -115,5 +108,6 @@ class WaitSteps:
         task_ready(request)
         return fresh
 
-    def _hold(self, request: Any, charges: Sequence[Charge], state: State, delay: float) -> None:
-        self.held.hold(request, charges, state, delay)
+    def hold(self, arrival: Arrival, state: State, delay: float) -> None:
+        """Hold the request on the consumer's timer for ``delay`` seconds."""
+        self.held.hold(arrival.request, arrival.charges, state, delay)

@@ -14,8 +14,8 @@ from typing import Any
 
 from .. import signals
 from .._celery.loop import Loop, LoopStep
-from .._celery.worker import WorkerGate
 from .._config.runtime import runtime_for
+from .._gate.gate import WorkerGate
 from .._gate.live import REFRESH_SECONDS, SERIES_KEEP_SECONDS, Live, live_for, series_key
 from .._gate.overrides import Change, Override, changes
 from .._limiter.keys import live_key, parked_keys

@@ -52,12 +52,15 @@ def read_persistence(client: Any) -> tuple[bool, str]:
 
 
 class Persistence:
-    """Whether tasks may be parked in the funnels' Redis (``client``) under the
-    ``funnel_park`` mode ``mode`` ("auto", True or False). Thread-safe: the worker gate
-    and the releaser both ask."""
+    """Whether tasks may be parked in the funnels' Redis (``client()``: its client now)
+    under the ``funnel_park`` mode ``mode`` ("auto", True or False). Thread-safe: the
+    worker gate and the releaser both ask."""
 
     def __init__(
-        self, client: Any, mode: bool | str, clock: Callable[[], float] = time.monotonic
+        self,
+        client: Callable[[], Any],
+        mode: bool | str,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client, self.mode, self.clock = client, mode, clock
         self._lock = threading.Lock()
@@ -108,7 +111,7 @@ class Persistence:
     def _refresh(self) -> None:
         self._checked = self.clock()
         try:
-            aof, run_id = read_persistence(self.client)
+            aof, run_id = read_persistence(self.client())
         except Exception as error:  # down, or INFO refused: keep what was known
             logger.debug("celery-funnel: cannot read the funnels' Redis persistence: %r", error)
             return

@@ -21,8 +21,8 @@ from redis.exceptions import NoScriptError
 from celery_funnel import Decision, Funnel, Limit, Rate, RedisFunnel
 from celery_funnel._config.runtime import runtime_for
 from celery_funnel._gate import inflight as _inflight
+from celery_funnel._gate.decisions import STAND_IN, InFlightDecisions
 from celery_funnel._gate.inflight import InFlight
-from celery_funnel._gate.inflight_steps import STAND_IN, InFlightSteps
 from celery_funnel._gate.judge import Charge, State, Step, Subject, judge
 from celery_funnel._gate.live import live_for
 from celery_funnel._limiter.keys import tickets_key
@@ -197,14 +197,16 @@ def test_a_deferral_sends_the_next_decisions_the_ordinary_way_for_a_while(
     assert InFlight(lambda: redis_funnel, None).on is False  # no event loop: always wait
 
 
-class _Gate(InFlightSteps):
-    """The in-flight steps of the worker gate over a real app's runtime and Redis."""
+def _decisions(app: Any, hub: Hub) -> InFlightDecisions:
+    """The worker gate's decisions in flight over a real app's runtime and Redis; the
+    gate's own steps are not reached here."""
+    runtime = runtime_for(app)
 
-    def __init__(self, app: Any, hub: Hub) -> None:
-        self.runtime = runtime_for(app)
-        self.live = live_for(app)
-        self.inflight = InFlight(lambda: self.runtime.funnel, hub)
-        self.calls = {}
+    def unreached(*args: Any) -> Any:
+        raise AssertionError(f"not reached in this test: {args!r}")
+
+    inflight = InFlight(lambda: runtime.funnel, hub)
+    return InFlightDecisions(runtime, live_for(app), inflight, unreached, unreached, unreached)
 
 
 def test_a_call_reused_for_the_same_charges_carries_each_tasks_own_ticket(
@@ -212,12 +214,12 @@ def test_a_call_reused_for_the_same_charges_carries_each_tasks_own_ticket(
 ) -> None:
     app = make_app(redis_url, redis_url)
     try:
-        gate = _Gate(app, hub)
+        gate = _decisions(app, hub)
         charge = Charge(Limit(Rate.parse("1/s")), "{inflight}:reused", 1, "t")
         loaded = Charge(Limit(Rate.parse("1/s")), "{inflight}:loaded", 1, "t")
         assert judge(gate.runtime, Subject("t", "0", "allow"), [loaded], State()).run
         subjects = [Subject("t", task_id, "allow") for task_id in ("a", "b", "c")]
-        calls = [gate._call(s, [charge], State()) for s in subjects]
+        calls = [gate.call(s, [charge], State()) for s in subjects]
         assert len(gate.calls) == 1  # captured once, for the three tasks
         steps: dict[str, Step] = {}
 

@@ -1,76 +1,72 @@
-"""The worker gate's decisions in flight (``InFlightSteps``, mixed into
-``worker.WorkerGate``): send a request's decision without waiting (``_inflight``) and
-carry the request on when the reply comes, through the same steps as a decision waited
-for."""
+"""Decisions in flight (``InFlightDecisions``): the worker gate sends a run's decision
+without waiting (``inflight``) and carries the run on when the reply comes, through the
+same steps as a decision waited for."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Hashable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from redis.exceptions import RedisError
 
 from .._config.runtime import Runtime
 from .._limiter.scripts import Call
 from .._stores.leases import Lease
+from .arrival import Arrival
 from .inflight import InFlight
 from .judge import Charge, State, Step, Subject, judge
 from .live import Live
 
-__all__ = ["InFlightSteps"]
+__all__ = ["STAND_IN", "InFlightDecisions"]
 
 # What a call captured for the calls cache carries where the task id goes: no task id is
 # this string (Celery's are UUIDs; a user's own ids are printable)
 STAND_IN = "\x00celery-funnel:task-id"
 CALLS = 1024  # the calls cache's bound: one entry per set of charges and state
 
+Decide = Callable[[Arrival], Step]  # decide the ordinary way (waiting for Redis)
+Decided = Callable[[Arrival, Step, "Lease | None"], Any]  # act on a decision
+Fail = Callable[[Any, BaseException, bool], Any]  # fail the request (reported or not)
 
-class InFlightSteps:
-    """What the worker gate does with a decision sent without waiting."""
 
-    runtime: Runtime
-    live: Live
-    inflight: InFlight
-    calls: dict[Hashable, Call | None]  # the call per charges, state and subject, task id aside
+class InFlightDecisions:
+    """The decisions of one worker gate sent without waiting: ``decide`` decides a run
+    the ordinary way, ``decided`` acts on a decision, ``fail`` fails a request."""
 
-    if TYPE_CHECKING:  # the worker gate's own
+    def __init__(
+        self, runtime: Runtime, live: Live, inflight: InFlight,
+        decide: Decide, decided: Decided, fail: Fail,
+    ) -> None:  # fmt: skip
+        self.runtime, self.live, self.inflight = runtime, live, inflight
+        self.decide, self.decided, self.fail = decide, decided, fail
+        # the call per charges, state and subject, task id aside
+        self.calls: dict[Hashable, Call | None] = {}
 
-        def _subject(self, request: Any) -> Subject:
-            raise NotImplementedError
-
-        def _decide(self, request: Any, charges: Sequence[Charge], state: State) -> Step:
-            raise NotImplementedError
-
-        # (request, charges, state, step, lease) -> what on_task_request returns
-        _decided: Callable[[Any, Sequence[Charge], State, Step, Lease | None], Any]
-
-        def _fail(self, request: Any, error: BaseException, *, reported: bool) -> None:
-            raise NotImplementedError
-
-    def _send(self, request: Any, charges: Sequence[Charge], state: State) -> bool:
-        """Send the decision without waiting for it (``_inflight``), when it is one
-        script call: not for fair-share funnels (their step is not one call) nor paused
-        ones (decided here, no call). Only a first arrival's, and only while no task
-        was deferred lately (``_inflight.CALM_SECONDS``): a task that waits comes back
-        to redeem its slot at its time, decided as before."""
+    def send(self, arrival: Arrival) -> bool:
+        """Send ``arrival``'s decision without waiting for it, when it is one script
+        call: not for fair-share funnels (their step is not one call) nor paused ones
+        (decided here, no call). Only a first arrival's, and only while no task was
+        deferred lately (``inflight.CALM_SECONDS``): a task that waits comes back to
+        redeem its slot at its time, decided as before."""
+        charges, state = arrival.charges, arrival.state
         if state.deferrals or not self.inflight.on or any(c.fair for c in charges):
             return False
         if self.live.overrides.paused(charges) is not None:
             return False
-        subject, charges = self._subject(request), self.live.overrides.apply(charges)
+        subject, charges = arrival.subject, self.live.overrides.apply(charges)
         decide = partial(judge, self.runtime, subject, charges, state)
-        call = self._call(subject, charges, state)
+        call = self.call(subject, charges, state)
         if call is None:  # decided without Redis: decide again the ordinary way
             return False
         try:
-            self.inflight.send(call, partial(self._resume, request, charges, state, decide))
+            self.inflight.send(call, partial(self._resume, arrival, decide))
         except (RedisError, OSError):  # the ordinary way, with the outage policy
             return False
         return True
 
-    def _call(self, subject: Subject, charges: Sequence[Charge], state: State) -> Call | None:
+    def call(self, subject: Subject, charges: Sequence[Charge], state: State) -> Call | None:
         """The one script call judging ``subject`` makes (None: it makes none). It
         differs between runs of the same charges and state only by the task id (the
         ticket), so it is captured once, with a stand-in id, and reused with the task's:
@@ -100,21 +96,14 @@ class InFlightSteps:
     def _judge(self, subject: Subject, charges: Sequence[Charge], state: State, store: Any) -> Step:
         return judge(self.runtime, subject, charges, state, funnel=store)
 
-    def _resume(
-        self,
-        request: Any,
-        charges: Sequence[Charge],
-        state: State,
-        decide: Callable[..., Step],
-        reply: Any,
-    ) -> Any:
-        """Carry ``request`` on with its decision's ``reply`` (an exception: decide it
+    def _resume(self, arrival: Arrival, decide: Callable[..., Step], reply: Any) -> Any:
+        """Carry ``arrival`` on with its decision's ``reply`` (an exception: decide it
         again the ordinary way)."""
         try:
             if isinstance(reply, BaseException):
-                step = self._decide(request, charges, state)
+                step = self.decide(arrival)
             else:
                 step = decide(funnel=self.inflight.replay(reply, self.runtime.funnel._eval))
         except Exception as error:  # one task fails, the worker runs on
-            return self._fail(request, error, reported=False)
-        return self._decided(request, charges, state, step, None)
+            return self.fail(arrival.request, error, False)
+        return self.decided(arrival, step, None)

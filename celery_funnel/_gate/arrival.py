@@ -1,0 +1,61 @@
+"""One request as the worker gate sees it on one pass: read once, passed on to every
+step (slots, decision, waits) instead of each step reading the request again."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._config.options import dry_run_of, policy_of
+from .._config.runtime import Runtime
+from .._stores.leases import Seat
+from .charging import Charge, FairStep
+from .judge import State, Subject, label_of
+from .requests import until_expiry
+
+__all__ = ["Arrival", "subject_of"]
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """``request`` (a Celery worker Request) on this pass: the funnels it is charged
+    (``charges``), the concurrency slots it needs (``seats``), the ``state`` its header
+    carried, and the ``subject`` judged (name, id, outage policy, expiry)."""
+
+    request: Any
+    charges: Sequence[Charge]
+    seats: Sequence[Seat]
+    state: State
+    subject: Subject
+
+    @property
+    def label(self) -> str:
+        """The funnels it is charged, as reports name them."""
+        return label_of(self.charges)
+
+    def but(self, state: State) -> Arrival:
+        """The same arrival with another ``state``."""
+        return Arrival(self.request, self.charges, self.seats, state, self.subject)
+
+
+def subject_of(
+    runtime: Runtime,
+    request: Any,
+    own_options: Callable[[Any], bool],
+    fair: FairStep | None,
+) -> Subject:
+    """The subject ``request`` is judged as: its task's own ``funnel_on_backend_error``
+    and ``funnel_dry_run`` where ``own_options(task)`` (a FunnelTask), else the settings';
+    seconds until it expires; ``fair``: the fair-share step (None: none)."""
+    settings = runtime.settings
+    task = request.task
+    until = until_expiry(request)
+    expires_in = None if math.isinf(until) else until
+    if own_options(task):
+        policy = policy_of(task, settings.on_backend_error)
+        dry_run = dry_run_of(task, settings.dry_run)
+    else:
+        policy, dry_run = settings.on_backend_error, settings.dry_run
+    return Subject(request.name, request.id, policy, dry_run, expires_in=expires_in, fair=fair)
