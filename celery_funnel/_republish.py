@@ -15,6 +15,7 @@ from typing import Any
 
 from kombu.serialization import registry
 
+from ._gate_publishes import gate_publishing
 from ._park import ParkStore, capture
 from ._task_options import HEADER
 
@@ -100,7 +101,8 @@ def republish(
     signature = _signature(
         task, context, args, kwargs, countdown, state, content_type, content_encoding
     )
-    signature.apply_async(ignore_result=True, add_to_parent=False)
+    with gate_publishing():  # the header goes with it, also when sent inside a run
+        signature.apply_async(ignore_result=True, add_to_parent=False)
 
 
 def park(
@@ -129,5 +131,6 @@ def park(
         "priority": (getattr(context, "delivery_info", None) or {}).get("priority"),
         "parked_at": time.time(),
     }  # fmt: skip
-    message = capture(signature, meta, ignore_result=True, add_to_parent=False)
+    with gate_publishing():
+        message = capture(signature, meta, ignore_result=True, add_to_parent=False)
     return store.park(str(context.id), wait, message, str(state.get("release") or ""))
