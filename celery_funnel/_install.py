@@ -6,6 +6,7 @@ from typing import Any
 
 from celery import signals
 
+from ._celery import outgoing as _outgoing
 from ._celery.checks import NotInstalled, check_definitions, uses_funnel
 from ._config.runtime import runtime_for
 
@@ -19,9 +20,10 @@ def install(app: Any) -> Any:
     at worker start (failing it with the setting's name and value) and enforces
     ``funnel_limits`` for every matching task, the one that releases parked tasks when
     they are due, and the one that reads runtime overrides (``control``) and writes the
-    dashboard's counts; and checks the ``funnel_*`` options of each later
+    dashboard's counts; checks the ``funnel_*`` options of each later
     ``@app.task(...)`` call as it is made (``ConfigurationError`` raised from the
-    decorator line). Settings are read when first needed, so ``app.conf`` may be filled
+    decorator line); and keeps the gate's header out of the messages a run sends
+    (``_outgoing``). Settings are read when first needed, so ``app.conf`` may be filled
     in after this call.
     """
     from ._celery.releaser import ReleaserStep  # noqa: PLC0415
@@ -34,6 +36,7 @@ def install(app: Any) -> Any:
         app.steps["consumer"].add(ReleaserStep)
         app.steps["consumer"].add(LiveStep)
         signals.celeryd_init.connect(_on_worker_init, weak=False)
+        _outgoing.connect()
         check_definitions(app)
         runtime.installed = True
     return app

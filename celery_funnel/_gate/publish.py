@@ -9,8 +9,10 @@ publish through ``republish``, which adds them.
 
 from __future__ import annotations
 
+import contextvars
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from kombu.serialization import registry
@@ -18,7 +20,32 @@ from kombu.serialization import registry
 from .._config.options import HEADER
 from .._stores.park import ParkStore, Release, capture
 
-__all__ = ["message_options", "park", "publish", "republish"]
+__all__ = [
+    "gate_publishes", "gate_publishing", "message_options", "park", "publish", "republish",
+]  # fmt: skip
+
+# per thread (and per greenlet where contextvars are): a pool thread's run publishing
+# does not see the gate's flag of the consumer's thread
+_FLAG: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "celery_funnel_gate_publishes", default=False
+)
+
+
+@contextmanager
+def gate_publishing() -> Iterator[None]:
+    """Messages published in this block (this thread) are the gate's: they keep the
+    header it wrote, also inside a run (``FunnelTask`` defers from ``before_start``)."""
+    token = _FLAG.set(True)
+    try:
+        yield
+    finally:
+        _FLAG.reset(token)
+
+
+def gate_publishes() -> bool:
+    """Whether the gate is publishing, here and now."""
+    return _FLAG.get()
+
 
 # what a message's headers may carry that is not the task's own (RabbitMQ's dead-letter
 # bookkeeping is dropped by Celery already)
@@ -100,7 +127,8 @@ def republish(
     signature = _signature(
         task, context, args, kwargs, countdown, state, content_type, content_encoding
     )
-    signature.apply_async(ignore_result=True, add_to_parent=False)
+    with gate_publishing():  # the header goes with it, also when sent inside a run
+        signature.apply_async(ignore_result=True, add_to_parent=False)
 
 
 def park(
@@ -129,7 +157,8 @@ def park(
         "priority": (getattr(context, "delivery_info", None) or {}).get("priority"),
         "parked_at": time.time(),
     }  # fmt: skip
-    message = capture(signature, meta, ignore_result=True, add_to_parent=False)
+    with gate_publishing():
+        message = capture(signature, meta, ignore_result=True, add_to_parent=False)
     return store.park(str(context.id), wait, message, str(state.get("release") or ""))
 
 

@@ -1,0 +1,85 @@
+"""Which messages carry the ``celery_funnel`` header: those the gate itself publishes (a
+deferred task published again or parked, a parked task released), never what a task's
+run sends.
+
+The gate writes its header into the request of every run it admits, and the run's
+process (a prefork pool child) reads it there (``FunnelTask.before_start``, the lease
+given back at ``task_postrun``). Celery then treats it as one of the run's own headers:
+``Context`` keeps every non-Celery key of the request in ``request.headers``, and
+``Context.as_execution_options`` hands them to ``Task.signature_from_request``, which
+``Task.retry`` publishes (Celery 5.3 to 5.7; chains, chords, groups, ``replace`` and
+tasks sent from a body get no headers from the run). User code may copy them too.
+Every publish goes through ``amqp.send_task_message``, which sends
+``before_task_publish`` with the very headers it then publishes, in the process that
+publishes: there, a message published inside a run loses the header unless the gate
+is the publisher (``_gate_publishes``).
+
+One field outlives its run: a message of the run's own task id (a retry, a replacement)
+that a gate may park gets the token of the parked release the run came from, and
+nothing else. The parked-task store tells copies of a task apart by its id and that
+token: without it, the new message would look like the original delivered again, and
+be dropped as stale when parked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+from typing import Any
+
+from celery import signals
+from celery._state import get_current_worker_task
+
+from .._config.options import HEADER, concurrency_of, limits_of
+from .._config.runtime import runtime_for
+from .._gate.charges import matching
+from .._gate.publish import gate_publishes
+
+__all__ = ["connect"]
+
+
+def _on_before_publish(sender: Any = None, headers: Any = None, **_: Any) -> None:
+    if not isinstance(headers, MutableMapping) or gate_publishes():
+        return
+    task = get_current_worker_task()
+    if task is None:
+        return  # not sent by a run (a client, the gate's event loop, the releaser)
+    own_id = headers.get("id") == task.request.id  # a retry, a replacement
+    if (HEADER not in headers and not own_id) or not runtime_for(task.app).installed:
+        return  # most messages
+    headers.pop(HEADER, None)
+    release = _lineage(task, str(headers.get("task") or sender)) if own_id else ""
+    if release:
+        headers[HEADER] = {"release": release}
+
+
+def _lineage(task: Any, name: str) -> str:
+    """The release token that a message of the run's own task id, task ``name``, keeps:
+    the one the run came with, when a gate may park that task ("" for none)."""
+    header = (task.request.headers or {}).get(HEADER) or {}
+    release = str(header.get("release") or "")
+    return release if release and _parkable(task.app, name) else ""
+
+
+def _parkable(app: Any, name: str) -> bool:
+    """Whether a gate of ``app`` may defer (and so park) task ``name``: a funnel of its
+    own, or a matching ``funnel_limits`` entry."""
+    settings = runtime_for(app).settings
+    if matching(settings.limits, name):
+        return True
+    if matching(settings.concurrency, name):
+        return True
+    task = app.tasks.get(name)
+    if task is None:
+        return False
+    try:
+        return bool(limits_of(task) or concurrency_of(task) is not None)
+    except Exception:  # a bad option fails the task at its gate, named
+        return False
+
+
+def connect() -> None:
+    """Connect the receiver that keeps runs' headers out of what they send (once per
+    process; pool processes inherit it)."""
+    signals.before_task_publish.connect(
+        _on_before_publish, dispatch_uid="celery_funnel.outgoing_header", weak=False
+    )

@@ -1,0 +1,106 @@
+"""The ``celery_funnel`` header in what a run publishes (``_outgoing``), through Celery's
+own publish on its in-memory broker: a run's header never goes out with what it sends;
+the gate's publishes keep theirs; a retry of a task a gate may park keeps only the
+token of the parked release it came from."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from celery import Celery, signals
+from celery._state import _task_stack
+from celery.exceptions import Retry
+
+from celery_funnel import FunnelTask, install
+from celery_funnel._config.options import HEADER
+from celery_funnel._gate.publish import gate_publishing
+
+# what a gate wrote into a run's request (a released copy: a release token)
+GATE_HEADER = {"deferrals": 2, "booked": True, "release": "t1", "promised": {"k": 1}}
+
+
+def make_app(installed: bool = True) -> Celery:
+    app = Celery("outgoing", broker="memory://", set_as_current=False)
+    app.conf.update(funnel_redis_url="redis://localhost:1", task_ignore_result=True)
+    if installed:
+        install(app)
+
+    @app.task(name="o.funnelled", base=FunnelTask, shared=False, bind=True, funnel_rate="1/s")
+    def funnelled(self: Any) -> None:
+        return None
+
+    @app.task(name="o.plain", shared=False, bind=True)
+    def plain(self: Any) -> None:
+        return None
+
+    return app
+
+
+@pytest.fixture
+def published() -> Iterator[list[dict[str, Any]]]:
+    """The headers of every message published, as they went out."""
+    seen: list[dict[str, Any]] = []
+
+    def record(headers: Any = None, **_: Any) -> None:
+        seen.append(dict(headers))
+
+    signals.after_task_publish.connect(record, weak=False)
+    yield seen
+    signals.after_task_publish.disconnect(record)
+
+
+@contextmanager
+def running(task: Any, header: dict[str, Any] | None = GATE_HEADER) -> Iterator[str]:
+    """Inside a worker's run of ``task`` whose request carries ``header``; its id."""
+    task_id = str(uuid.uuid4())
+    headers = {HEADER: header} if header is not None else {}
+    task.push_request(id=task_id, called_directly=False, args=(), kwargs={}, headers=headers)
+    _task_stack.push(task)
+    try:
+        yield task_id
+    finally:
+        _task_stack.pop()
+        task.pop_request()
+
+
+@pytest.mark.parametrize("name", ["o.funnelled", "o.plain"])
+def test_what_a_run_sends_carries_no_header(name: str, published: list[dict[str, Any]]) -> None:
+    app = make_app()
+    task, other = app.tasks[name], app.tasks["o.plain"]
+    with running(task) as task_id:
+        other.delay()
+        other.apply_async(headers=dict(task.request.headers))  # copied on purpose
+        app.tasks["o.funnelled"].apply_async(headers={HEADER: {"booked": True}})
+    assert [m["id"] != task_id for m in published] == [True] * 3
+    assert [HEADER in m for m in published] == [False] * 3
+
+
+def test_a_retry_keeps_only_the_release_token_of_a_task_a_gate_may_park(
+    published: list[dict[str, Any]],
+) -> None:
+    app = make_app()
+    with running(app.tasks["o.funnelled"]) as task_id, pytest.raises(Retry):
+        app.tasks["o.funnelled"].retry(countdown=0)
+    with running(app.tasks["o.plain"]), pytest.raises(Retry):  # no gate parks it here
+        app.tasks["o.plain"].retry(countdown=0)
+    with running(app.tasks["o.funnelled"], {"deferrals": 1}), pytest.raises(Retry):
+        app.tasks["o.funnelled"].retry(countdown=0)  # never released: nothing
+    assert published[0]["id"] == task_id
+    assert published[0][HEADER] == {"release": "t1"}
+    assert [HEADER in m for m in published[1:]] == [False, False]
+
+
+def test_the_gate_and_senders_outside_runs_keep_their_header(
+    published: list[dict[str, Any]],
+) -> None:
+    app, outsider = make_app(), make_app(installed=False)
+    with running(app.tasks["o.funnelled"]), gate_publishing():  # deferred by before_start
+        app.tasks["o.funnelled"].apply_async(headers={HEADER: {"deferrals": 3}})
+    with running(outsider.tasks["o.plain"]):  # an app without celery-funnel: not ours
+        outsider.tasks["o.plain"].apply_async(headers={HEADER: {"deferrals": 4}})
+    app.tasks["o.plain"].apply_async(headers={HEADER: {"deferrals": 5}})  # a client
+    assert [m[HEADER] for m in published] == [{"deferrals": n} for n in (3, 4, 5)]
