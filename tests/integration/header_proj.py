@@ -15,8 +15,9 @@ from typing import Any
 import redis
 from celery import Celery, chain, chord, group
 
-from celery_funnel import FunnelTask, install
+from celery_funnel import FunnelTask
 from celery_funnel._config.options import HEADER
+from tests.integration.proj import new_app
 
 SEEN = "seen"
 PARENTS = (0, 1, 2, 3, 4, 5)  # sent alone; 10-15 are sent in canvases
@@ -30,16 +31,7 @@ KIDS = (
 def make_app(broker_url: str, funnel_url: str, queue: str = "hdr", **conf: Any) -> Celery:
     """The app: funnels, results and run records in the funnels' Redis; tasks sent to
     and consumed from ``queue``. ``FUNNEL_TEST_RATE`` is the funnelled tasks' rate."""
-    app = Celery("header_proj", broker=broker_url, backend=funnel_url.rsplit("/", 1)[0] + "/1")
-    app.conf.update(
-        funnel_redis_url=funnel_url,
-        task_default_queue=queue,
-        broker_connection_retry_on_startup=True,
-        worker_hijack_root_logger=False,
-        result_expires=600,
-        **conf,
-    )
-    install(app)
+    app = new_app("header_proj", broker_url, funnel_url, queue, funnel_url, **conf)
     store = redis.Redis.from_url(funnel_url)
     rate = os.environ.get("FUNNEL_TEST_RATE", "2/s")
 

@@ -25,6 +25,24 @@ from celery_funnel._config.runtime import runtime_for
 RUNS = "runs"
 
 
+def new_app(
+    main: str, broker_url: str, funnel_url: str, queue: str, store_url: str, **conf: Any
+) -> Celery:
+    """An installed app named ``main``: funnels at ``funnel_url``, results at
+    ``store_url``, tasks sent to ``queue``; no task of its own yet."""
+    app = Celery(main, broker=broker_url, backend=store_url.rsplit("/", 1)[0] + "/1")
+    app.conf.update(
+        funnel_redis_url=funnel_url,
+        task_default_queue=queue,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        result_expires=600,
+        **conf,
+    )
+    install(app)
+    return app
+
+
 def make_app(
     broker_url: str,
     funnel_url: str,
@@ -37,7 +55,6 @@ def make_app(
     ``store_url`` (default: the funnels' Redis), so that the funnels' Redis can fail
     alone."""
     store_url = store_url or funnel_url
-    app = Celery("proj", broker=broker_url, backend=store_url.rsplit("/", 1)[0] + "/1")
     if quorum:
         # native delayed delivery needs a topic exchange
         exchange = Exchange(queue, type="topic")
@@ -47,15 +64,7 @@ def make_app(
         conf["task_default_exchange"], conf["task_default_exchange_type"] = queue, "topic"
         conf["task_default_routing_key"] = queue
         conf["broker_transport_options"] = {"confirm_publish": True}
-    app.conf.update(
-        funnel_redis_url=funnel_url,
-        task_default_queue=queue,
-        broker_connection_retry_on_startup=True,
-        worker_hijack_root_logger=False,
-        result_expires=600,
-        **conf,
-    )
-    install(app)
+    app = new_app("proj", broker_url, funnel_url, queue, store_url, **conf)
     store = redis.Redis.from_url(store_url)
 
     def record(task: Any, *args: Any) -> None:

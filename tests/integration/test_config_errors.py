@@ -246,6 +246,22 @@ def make_app(url: str, **conf: Any) -> Celery:
     return install(app)
 
 
+def refused_start(tmp_path: Path, module: str, source: str, broker_url: str) -> tuple[int, str]:
+    """A real ``celery worker`` of app module ``module`` (``source``, written to
+    ``tmp_path``) that is expected to stop at start: its exit status and its logs."""
+    (tmp_path / f"{module}.py").write_text(source)
+    workers = CeleryWorkers(
+        module, 1, {"CFG_BROKER": broker_url}, "--pool", "solo", cwd=str(tmp_path)
+    ).start()
+    try:
+        wait_for(lambda: workers.processes[0].poll() is not None, timeout=60)
+        logs = workers.logs()
+    finally:
+        workers.stop()
+    code = workers.processes[0].returncode
+    return (1 if code is None else code), logs
+
+
 def worker_start_error(app: Celery) -> str:
     """The message of the ConfigurationError that stops a worker of ``app`` at start."""
     try:
@@ -444,16 +460,8 @@ def test_a_celery_worker_without_install_stops_at_start(
     """Nothing in the first app imports celery_funnel: the ``celery`` command loads the
     package through its entry point, which sees the settings at ``worker_init``."""
     source = UNINSTALLED.format(imports=imports, body=body, options=options)
-    (tmp_path / "cfg_uninstalled.py").write_text(source)
-    workers = CeleryWorkers(
-        "cfg_uninstalled", 1, {"CFG_BROKER": standalone_url}, "--pool", "solo", cwd=str(tmp_path)
-    ).start()
-    try:
-        wait_for(lambda: workers.processes[0].poll() is not None, timeout=60)
-        logs = workers.logs()
-    finally:
-        workers.stop()
-    assert workers.processes[0].returncode != 0
+    code, logs = refused_start(tmp_path, "cfg_uninstalled", source, standalone_url)
+    assert code != 0
     assert "ConfigurationError: app 'cfg_uninstalled' uses celery-funnel (" in logs
     assert found in logs
     assert "install(app) was never called" in logs

@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_funnel.testing import CeleryWorkers
-from tests.integration.test_config_errors import make_app, worker_start_error
-from tests.polling import wait_for
+from tests.integration.test_config_errors import make_app, refused_start, worker_start_error
 
 pytestmark = pytest.mark.redis
 
@@ -60,15 +58,9 @@ def send(n=0):
 def test_a_celery_worker_refuses_a_bad_pattern(
     tmp_path: Path, standalone_url: str, pattern: object, named: str
 ) -> None:
-    (tmp_path / "cfg_patterns.py").write_text(APP.format(pattern=pattern))
-    workers = CeleryWorkers(
-        "cfg_patterns", 1, {"CFG_BROKER": standalone_url}, "--pool", "solo", cwd=str(tmp_path)
-    ).start()
-    try:
-        wait_for(lambda: workers.processes[0].poll() is not None, timeout=60)
-        logs = workers.logs()
-    finally:
-        workers.stop()
-    assert workers.processes[0].returncode != 0
+    code, logs = refused_start(
+        tmp_path, "cfg_patterns", APP.format(pattern=pattern), standalone_url
+    )
+    assert code != 0
     assert f"ConfigurationError: {named}" in logs, logs[-3000:]
     assert " ready." not in logs
