@@ -50,7 +50,6 @@ class Releaser(Loop):
         super().__init__()
         self.app, self.store, self.lease, self.lead = app, store, lease, lead
         runtime = runtime_for(app)
-        self.persistence = runtime.persistence
         prefix = runtime.settings.key_prefix
         # only an app with a fair-share funnel dispatches: others release as before
         fair = _has_fair_funnel(app)
@@ -72,7 +71,6 @@ class Releaser(Loop):
 
     def tick(self) -> float:
         """One pass; how long to pause before the next (seconds)."""
-        self.persistence.keeps()  # notices (and logs) a restart, at most every 10 s
         fair = self.dispatcher.tick() if self.dispatcher is not None else None
         pause = self._release()
         return pause if fair is None else min(pause, fair)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .. import signals
@@ -49,10 +50,11 @@ def backoff(attempt: int, cap: float) -> float:
 class OutageLog:
     """Logs one WARNING when the backend starts failing and one when it answers again,
     per process, whatever the number of tasks in between; sends ``backend_error`` for
-    every failure and ``backend_recovered`` once. ``down``: the backend is failing."""
+    every failure and ``backend_recovered`` once, when it also calls ``on_recovered()``.
+    ``down``: the backend is failing."""
 
-    def __init__(self, sender: Any = None) -> None:
-        self.sender = sender
+    def __init__(self, sender: Any = None, on_recovered: Callable[[], None] | None = None) -> None:
+        self.sender, self.on_recovered = sender, on_recovered
         self.down = False
         self._since = 0.0
         self._lock = threading.Lock()
@@ -81,6 +83,8 @@ class OutageLog:
             self.down = False
             downtime = time.monotonic() - self._since
         signals.backend_recovered.send(sender=self.sender, downtime=downtime)
+        if self.on_recovered is not None:
+            self.on_recovered()
         logger.warning(
             "celery-funnel: the funnel backend answers again after %.1f s",
             downtime,

@@ -31,7 +31,7 @@ class Runtime:
         self.app = app
         self._lock = threading.Lock()
         self.installed = False
-        self.outage = OutageLog(app)
+        self.outage = OutageLog(app, on_recovered=self._recovered)
 
     @cached_property
     def settings(self) -> FunnelSettings:
@@ -72,6 +72,13 @@ class Runtime:
     @cached_property
     def observer(self) -> Observer:
         return Observer(self.app)
+
+    def _recovered(self) -> None:
+        """The funnels' Redis answers again: it may have restarted (empty), so what it
+        keeps is read again at the next wait."""
+        persistence: Persistence | None = self.__dict__.get("persistence")
+        if persistence is not None:
+            persistence.stale()
 
     @cached_property
     def persistence(self) -> Persistence:

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._config.options import dry_run_of, policy_of
 from .._config.runtime import Runtime
@@ -18,8 +17,7 @@ from .requests import until_expiry
 __all__ = ["Arrival", "subject_of"]
 
 
-@dataclass(frozen=True)
-class Arrival:
+class Arrival(NamedTuple):
     """``request`` (a Celery worker Request) on this pass: the funnels it is charged
     (``charges``), the concurrency slots it needs (``seats``), the ``state`` its header
     carried, and the ``subject`` judged (name, id, outage policy, expiry)."""
@@ -34,10 +32,6 @@ class Arrival:
     def label(self) -> str:
         """The funnels it is charged, as reports name them."""
         return label_of(self.charges)
-
-    def but(self, state: State) -> Arrival:
-        """The same arrival with another ``state``."""
-        return Arrival(self.request, self.charges, self.seats, state, self.subject)
 
 
 def subject_of(

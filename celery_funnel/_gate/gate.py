@@ -109,7 +109,9 @@ class WorkerGate:
 
     def _arrived(self, request: Any, charges: Sequence[Charge], seats: Any, state: State) -> Any:
         try:
-            fair = self.parking.fair_step(request.id)
+            # only a fair-share charge has a fair step (asking for it asks if tasks may
+            # be parked, which reads the funnels' Redis now and then)
+            fair = self.parking.fair_step(request.id) if any(c.fair for c in charges) else None
             subject = subject_of(self.runtime, request, self.own_options, fair)
         except Exception as error:  # a bad option value fails its task only
             return self._fail(request, error, False)
@@ -143,7 +145,7 @@ class WorkerGate:
         charges stay the code's (held requests keep them); overrides apply here, to
         every decision, from the table the live thread keeps fresh."""
         charges, state = arrival.charges, arrival.state
-        paused = self.live.paused_step(charges, state, parked=self.parking.on)
+        paused = self.live.paused_step(charges, state, parked=lambda: self.parking.on)
         if paused is not None:
             return paused
         return judge(self.runtime, arrival.subject, self.live.overrides.apply(charges), state)

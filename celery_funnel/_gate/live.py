@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .._limiter.keys import live_key
@@ -58,13 +58,15 @@ class Live:
             for label in labels:
                 self._counts[(label, second, kind)] += 1
 
-    def paused_step(self, charges: Sequence[Charge], state: State, *, parked: bool) -> Step | None:
+    def paused_step(
+        self, charges: Sequence[Charge], state: State, *, parked: Callable[[], bool]
+    ) -> Step | None:
         """The wait of a task of a paused funnel (None: none of ``charges`` is paused):
-        parked when parking is on (a resume releases it at once), else held in the worker
-        and looked at again soon (the table is local: no Redis call)."""
+        parked when ``parked()`` says parking is on (a resume releases it at once), else
+        held in the worker and looked at again soon (the table is local: no Redis call)."""
         if self.overrides.paused(charges) is None:
             return None
-        delay = PAUSED_PARK_SECONDS if parked else PAUSED_HOLD_SECONDS
+        delay = PAUSED_PARK_SECONDS if parked() else PAUSED_HOLD_SECONDS
         return Step(run=False, delay=delay, state=state._replace(deferrals=state.deferrals + 1))
 
     def take(self) -> Counter[tuple[str, int, str]]:

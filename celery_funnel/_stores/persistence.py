@@ -3,11 +3,12 @@
 Parking moves a waiting task's only copy out of the broker into the funnels' Redis. A
 Redis without an append-only file forgets it on a restart, with nothing logged, so a
 task is parked only while that Redis has AOF on (``INFO persistence``: ``aof_enabled``,
-on every node of a Cluster): read at worker start and again at most every
-``RECHECK_SECONDS`` while tasks wait. RDB snapshots alone do not count: they lose what
-came since the last one. The ``run_id`` (``INFO server``) tells a restart, which is
-logged. ``funnel_park``: ``"auto"`` parks where AOF is on; ``True`` insists (a Redis
-without AOF stops the worker at start); ``False`` never parks.
+on every node of a Cluster): read at worker start, again at most every
+``RECHECK_SECONDS`` while tasks wait, and after an outage of that Redis. RDB snapshots
+alone do not count: they lose what came since the last one. The ``run_id`` (``INFO
+server``) tells a restart, which is logged. ``funnel_park``: ``"auto"`` parks where AOF
+is on; ``True`` insists (a Redis without AOF stops the worker at start); ``False`` never
+parks.
 """
 
 from __future__ import annotations
@@ -78,6 +79,11 @@ class Persistence:
                 if self.clock() - self._checked >= RECHECK_SECONDS:
                     self._refresh()
         return self.mode is True if self._aof is None else self._aof
+
+    def stale(self) -> None:
+        """Read the Redis again at the next ``keeps()`` (it answered again after an
+        outage: it may have restarted)."""
+        self._checked = -math.inf
 
     def start(self) -> None:
         """Read the Redis at worker start and say once why parking is off.
