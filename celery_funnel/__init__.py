@@ -3,7 +3,7 @@
 The core: ``Rate`` parses limits, a ``Funnel`` backend (``RedisFunnel`` or
 ``MemoryFunnel``; ``AsyncRedisFunnel`` for asyncio) takes units atomically and answers
 with a ``Decision`` (``throttle`` and the window strategies) or a ``Reservation``
-(``reserve``).
+(``reserve``). ``funnel.limit("5/s")`` puts any function or block behind a funnel.
 """
 
 from ._celery.task import FunnelTask
@@ -19,8 +19,10 @@ from ._limiter.errors import (
     ConfigurationError,
     CostTooHighError,
     FunnelError,
+    Limited,
     TooManyDeferralsError,
 )
+from ._limiter.guard import LimitGuard
 from ._limiter.limit import Limit
 from ._limiter.rate import Rate
 from ._limiter.strategies.reservation import Shape
@@ -36,6 +38,8 @@ __all__ = [
     "FunnelError",
     "FunnelTask",
     "Limit",
+    "LimitGuard",
+    "Limited",
     "MemoryFunnel",
     "Rate",
     "RedisFunnel",

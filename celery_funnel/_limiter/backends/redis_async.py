@@ -17,6 +17,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from redis.exceptions import NoScriptError, RedisError
 
 from ..errors import ConfigurationError
+from ..guard import limit_method
 from ..keys import tickets_key
 from ..scripts import Arg, Call, Reply, Script
 from ._clients import async_client_from_url
@@ -179,6 +180,7 @@ class AsyncRedisFunnel:
     fixed_window = _awaitable(Funnel.fixed_window)
     sliding_log = _awaitable(Funnel.sliding_log)
     sliding_window = _awaitable(Funnel.sliding_window)
+    limit = limit_method
 
     async def time(self) -> float:
         """The Redis server's clock, float seconds since the epoch (the funnels' clock)."""
