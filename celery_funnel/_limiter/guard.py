@@ -8,8 +8,9 @@ manager (``with``, ``async with``). Each call takes ``cost`` units of the funnel
 When the funnel is full: ``on_limit="wait"`` books the call's slot (a GCRA
 ``reserve``: waiters start in the order they came, each sleeping exactly until its
 slot, no polling) and sleeps; ``"raise"`` raises ``Limited``; ``"skip"`` returns None
-without calling. A decision is one atomic step on the funnel (``_step``), run directly
-on a ``Funnel`` or awaited on an ``AsyncRedisFunnel``; only the sleeping differs.
+without calling. A decision is one atomic step on the funnel (``admission.Rule.step``),
+run directly on a ``Funnel`` or awaited on an ``AsyncRedisFunnel``; only the sleeping
+differs.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from typing import (
     Any,
     Generic,
     Literal,
-    NamedTuple,
     NoReturn,
     ParamSpec,
     TypedDict,
@@ -32,8 +32,8 @@ from typing import (
     overload,
 )
 
-from . import strategies
-from .errors import ConfigurationError, CostTooHighError, Limited
+from .admission import ON_LIMIT, Rule
+from .errors import ConfigurationError
 from .keys import DEFAULT_PREFIX, task_key
 from .limit import KeyFunc, parse_limit
 from .rate import Rate
@@ -44,24 +44,10 @@ if TYPE_CHECKING:
 
 __all__ = ["ON_LIMIT", "LimitGuard", "LimitOptions", "limit_method"]
 
-ON_LIMIT = ("wait", "raise", "skip")
 MAX_WAIT_SECONDS = 1e9  # the reservation script's bound on a wait
 P = ParamSpec("P")
 R = TypeVar("R")
 X = TypeVar("X")  # what a refused call returns: None (skip), else nothing (it waits or raises)
-
-
-class Admission(NamedTuple):
-    """One decision's outcome: run (after sleeping ``wait`` seconds), or not at all
-    (skip); ``again``: after the sleep, decide again instead of running."""
-
-    go: bool
-    wait: float = 0.0
-    again: bool = False
-
-
-GO = Admission(True)
-SKIP = Admission(False)
 
 
 def _nothing() -> None:
@@ -107,7 +93,7 @@ class LimitGuard(Generic[X]):
             raise ConfigurationError(f"{where}: prefix must be a string, got {prefix!r}")
         self.funnel, self.on_limit, self.max_wait = funnel, on_limit, max_wait
         self.name, self.prefix = name, prefix
-        self._strategy = strategies.get(self.limit.strategy)
+        self._rule = Rule(self.limit, on_limit, max_wait)
         # an AsyncRedisFunnel runs a step awaited; any other funnel, directly
         self._awaited = inspect.iscoroutinefunction(getattr(funnel, "_run", None))
 
@@ -201,40 +187,6 @@ class LimitGuard(Generic[X]):
             ) from None
         return task_key(self.prefix, name, part)
 
-    def _step(self, key: str, cost: int, waited: float, store: Any) -> Admission:
-        """One atomic decision on ``store`` for a call of ``cost`` units on ``key``
-        after ``waited`` seconds of waiting already."""
-        limit = self.limit
-        if cost == 0:
-            return GO
-        if self.on_limit == "wait" and self._strategy.reserve is not None:  # GCRA: book
-            r = store.reserve(
-                key, limit.capacity - 1, limit.rate.count, limit.rate.period, cost,
-                max_wait=self.max_wait,
-            )  # fmt: skip
-            if r.admitted or r.booked:
-                return Admission(True, r.delay)
-            return self._refused(key, cost, r.delay)
-        d = self._strategy.decide(store, key, limit, cost)
-        if d.allowed:
-            return GO
-        if self.on_limit == "skip" and d.retry_after >= 0:
-            return SKIP
-        if self.on_limit == "raise" or d.retry_after < 0:
-            return self._refused(key, cost, d.retry_after)
-        # a window strategy cannot book: sleep until the request would fit, and ask again
-        if self.max_wait is not None and waited + d.retry_after > self.max_wait:
-            return self._refused(key, cost, d.retry_after)
-        return Admission(False, d.retry_after, again=True)
-
-    def _refused(self, key: str, cost: int, retry_after: float) -> NoReturn:
-        if retry_after < 0:
-            raise CostTooHighError(
-                f"a call costing {cost} can never fit funnel {key!r}"
-                f" ({self.limit.rate}, capacity {self.limit.capacity})"
-            )
-        raise Limited(retry_after, key)
-
     def _call(self, name: str, fn: Callable[..., Any], args: Any, kwargs: Any) -> tuple[str, int]:
         return self._key(name, fn, args, kwargs), self.limit.cost_of(args, kwargs)
 
@@ -243,7 +195,7 @@ class LimitGuard(Generic[X]):
         key, cost = self._call(name, fn, args, kwargs)
         waited = 0.0
         while True:
-            admission = self._step(key, cost, waited, self.funnel)
+            admission = self._rule.step(key, cost, waited, self.funnel)
             if admission.wait > 0:
                 time.sleep(admission.wait)
                 waited += admission.wait
@@ -256,7 +208,7 @@ class LimitGuard(Generic[X]):
         key, cost = self._call(name, fn, args, kwargs)
         waited = 0.0
         while True:
-            step = functools.partial(self._step, key, cost, waited)
+            step = functools.partial(self._rule.step, key, cost, waited)
             admission = await self.funnel._run(step) if self._awaited else step(self.funnel)
             if admission.wait > 0:
                 await asyncio.sleep(admission.wait)
