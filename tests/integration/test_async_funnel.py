@@ -125,6 +125,39 @@ async def test_an_unreachable_redis_raises_backend_error_quickly() -> None:
         await funnel.aclose()
 
 
+@pytest.mark.redis
+async def test_decisions_go_on_after_redis_restarts_on_the_same_port() -> None:
+    """The decision path keeps a connection of its own: when the server goes away and
+    comes back, the next decision reconnects instead of failing on a dead socket."""
+    server = RedisServer().start()
+    try:
+        funnel = AsyncRedisFunnel.from_url(server.url)
+        assert not (await funnel.throttle("k", 5, 10, 1)).limited
+        server.kill()
+        with pytest.raises(BackendError):
+            await funnel.throttle("k", 5, 10, 1)
+        server.start()
+        assert (await funnel.throttle("k", 5, 10, 1)).remaining == 5, "a fresh funnel"
+        await funnel.aclose()
+    finally:
+        server.stop()
+
+
+async def test_a_cancelled_call_leaves_no_reply_for_the_next(
+    async_funnel: AsyncRedisFunnel, key: str
+) -> None:
+    """A call cancelled while Redis holds its reply back (CLIENT PAUSE) must not hand
+    that reply to the next call on the same connection."""
+    if not hasattr(async_funnel.client, "connection_pool"):
+        pytest.skip("a Cluster client has no decision connection of its own")
+    await async_funnel.throttle(f"{key}:warm", 0, 1, 1)  # the decision connection, taken
+    await async_funnel.client.client_pause(300)  # on another connection of the pool
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(async_funnel.throttle(key, 9, 1, 60), 0.05)
+    decision = await async_funnel.throttle(f"{key}:other", 0, 1, 10)
+    assert (decision.limit, decision.reset_after) == (1, 10.0)  # its own reply: T = 10 s
+
+
 async def test_a_blocking_client_or_a_bad_url_is_refused() -> None:
     with pytest.raises(ConfigurationError, match=r"redis\.asyncio"):
         AsyncRedisFunnel(redis.Redis())

@@ -20,7 +20,7 @@ from celery_funnel import (
     Limited,
     MemoryFunnel,
 )
-from celery_funnel._limiter.keys import task_key
+from celery_funnel._limiter.keys import limit_key, task_key
 from celery_funnel.testing import peak
 
 
@@ -93,6 +93,21 @@ def test_a_callable_key_and_cost_take_the_arguments() -> None:
         upload("ann", 5)
     with pytest.raises(CostTooHighError):
         upload("bob", 11)
+
+
+def test_a_name_shares_the_funnel_of_a_task_or_a_worker_wide_limit() -> None:
+    funnel = MemoryFunnel()
+    for options, key in (
+        ({"name": "limit:emails.*"}, limit_key("funnel:", "emails.*")),
+        ({"name": "emails.send", "key": "42"}, task_key("funnel:", "emails.send", "42")),
+    ):
+        limit = funnel.limit("1/m", on_limit="raise", **options)  # type: ignore[call-overload]
+        with limit:
+            pass
+        with pytest.raises(Limited) as info, limit:
+            pass
+        assert info.value.funnel == key
+    assert task_key("funnel:", "emails.send", "42") == "funnel:{emails.send:42}"
 
 
 def test_functions_share_a_funnel_by_name() -> None:

@@ -27,8 +27,11 @@ class Needs(BaseException):
     Exception`` in a step mistakes it for a failure."""
 
     def __init__(self, calls: Sequence[Call]) -> None:
-        super().__init__(", ".join(call[0].name for call in calls))
+        super().__init__()
         self.calls = calls
+
+    def __str__(self) -> str:  # built only when shown: one is raised per decision
+        return ", ".join(call[0].name for call in self.calls)
 
 
 class Steps(Funnel):
