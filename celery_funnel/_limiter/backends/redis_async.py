@@ -127,8 +127,8 @@ class AsyncRedisFunnel:
     async def _run_many(self, calls: Sequence[Call]) -> list[Reply]:
         if not self._warm:
             # redis-py's asyncio RedisCluster (8.1) fails some of the first calls made at
-            # once on a new client ("'NoneType' object has no attribute 'writelines'",
-            # 8 of 150 measured), never once one call went through: the first goes alone
+            # once on a new client ("'NoneType' object has no attribute 'writelines'": up
+            # to 8 of 150, measured), none once one call went through: the first goes alone
             async with self._first:
                 if not self._warm:
                     replies = await self._send(calls)
@@ -234,12 +234,12 @@ async def _close(client: Any) -> None:
 class _Lean:
     """The decision path's own connection, taken from the client's pool (closing the
     client closes it): a decision is one command written and one reply read, without
-    the client's per-command machinery (a quarter of an awaited EVALSHA's time,
-    measured), as ``RedisFunnel``'s ``_Lean``. One coroutine at a time uses it; the
-    others, and a Redis Cluster client (no one pool), go through the client. redis-py
-    disconnects a connection whose call failed or was cancelled (a reply may be left
-    unread); it is connected again before its next command, and a call that failed on
-    it goes through the client, with its retries."""
+    the client's per-command machinery (measured: 61 µs an awaited EVALSHA through the
+    client, 41 on its own connection), as ``RedisFunnel``'s ``_Lean``. One coroutine at
+    a time uses it; the others, and a Redis Cluster client (no one pool), go through the
+    client. redis-py disconnects a connection whose call failed or was cancelled (a
+    reply may be left unread); it is connected again before its next command, and a
+    call that failed on it goes through the client, with its retries."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
