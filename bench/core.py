@@ -187,7 +187,15 @@ def measure(client: redis.Redis, call: Callable[[], Any], calls: int) -> dict[st
     for _ in range(calls):
         ours.append(_timed(call))
         pings.append(_timed(client.ping))
-    usec, scripts, others = server_usec(client.info("commandstats"))
+    return figures(ours, pings, client.info("commandstats"), calls)
+
+
+def figures(
+    ours: list[float], pings: list[float], stats: dict[str, Any], calls: int
+) -> dict[str, float]:
+    """One row's figures: ``ours`` and ``pings`` (us, interleaved) and ``stats`` (``INFO
+    commandstats`` after ``calls`` calls, counted from a reset)."""
+    usec, scripts, others = server_usec(stats)
     p50, ping = statistics.median(ours), statistics.median(pings)
     return {
         "p50": p50,
@@ -211,6 +219,11 @@ def run(url: str, calls: int, rounds: int) -> dict[str, dict[str, float]]:
         for name, call in calls_by_row.items():
             samples[name].append(measure(client, call, calls))
     client.close()
+    return medians(samples)
+
+
+def medians(samples: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Each row's figures: the median of each field over its rounds."""
     return {
         name: {field: statistics.median(s[field] for s in rows) for field in rows[0]}
         for name, rows in samples.items()
@@ -225,9 +238,11 @@ def pin(server_pid: int) -> None:
         os.sched_setaffinity(server_pid, {cores[1]})
 
 
-def table(rows: dict[str, dict[str, float]], version: str, calls: int, rounds: int) -> str:
+def table(
+    rows: dict[str, dict[str, float]], version: str, calls: int, rounds: int, client: str = ""
+) -> str:
     head = [
-        f"Redis {version}, loopback, one connection, redis-py {redis.__version__}"
+        f"Redis {version}, loopback, one connection, {client}redis-py {redis.__version__}"
         f" (hiredis {redis.utils.HIREDIS_AVAILABLE}); median of {rounds} rounds"
         f" of {calls} calls each",
         "",
@@ -264,21 +279,31 @@ def plot(rows: dict[str, dict[str, float]], path: Path) -> None:
     save(fig, path)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description="per-decision cost of every limiter")
+def report(url: str, version: str, calls: int, rounds: int) -> str:
+    """The table of one run on the Redis at ``url``."""
+    return table(run(url, calls, rounds), version, calls, rounds)
+
+
+def cli(description: str, report: Callable[[str, str, int, int], str]) -> None:
+    """``[--redis URL] [--calls N] [--rounds R]``: print ``report(url, version, calls,
+    rounds)`` for that Redis, or for a private redis-server pinned to its own core."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--redis", help="use this Redis instead of a private one")
     parser.add_argument("--calls", type=int, default=4000)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     if args.redis:
         version = redis.Redis.from_url(args.redis).info("server")["redis_version"]
-        print(table(run(args.redis, args.calls, args.rounds), version, args.calls, args.rounds))
+        print(report(args.redis, version, args.calls, args.rounds))
         return
     with RedisServer(None, None, *server_options()) as server:
         if server.process is not None:
             pin(server.process.pid)
-        rows = run(server.url, args.calls, args.rounds)
-        print(table(rows, server.version, args.calls, args.rounds))
+        print(report(server.url, server.version, args.calls, args.rounds))
+
+
+def main() -> None:
+    cli("per-decision cost of every limiter", report)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
     python bench/run.py [--quick]     # --quick: short runs, to check the harness
 
 Sections: per decision (celery-funnel's limiters, limits and pyrate-limiter on the same
-Redis and connection), the gate's cost per task in one worker, Celery overhead (prefork
+Redis and connection; the same awaited: AsyncRedisFunnel and limits.aio), the gate's cost per task in one worker, Celery overhead (prefork
 and threads), shared-limit correctness on
 real workers, distributed accuracy over a minute (2 and 4 workers; reservation on, off,
 and Celery's rate_limit), and Redis memory per funnel at 100 000 funnels. Each part
@@ -22,6 +22,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path.insert(0, str(HERE.parent))
 
 import argparse
+import asyncio
 import os
 import platform
 import subprocess
@@ -31,7 +32,7 @@ from functools import partial
 
 import redis
 
-from bench import accuracy, core, instructions, memory
+from bench import accuracy, core, core_async, instructions, memory
 from bench import celery as celery_bench
 from bench import worker as worker_bench
 from bench._table import spread
@@ -61,6 +62,7 @@ def unpin() -> None:
 
 Headline = list[tuple[str, str, str]]
 """README rows: (figure, measured in this run, target or what to compare with)."""
+Rows = dict[str, dict[str, float]]
 
 
 def _ratios(rows: dict[str, dict[str, float]], prefix: str, field: str) -> str:
@@ -70,15 +72,20 @@ def _ratios(rows: dict[str, dict[str, float]], prefix: str, field: str) -> str:
     return f"{got[0]:.2f}" if len(got) == 1 else f"{min(got):.2f}-{max(got):.2f}"
 
 
-def section_core(calls: int, rounds: int) -> tuple[str, Headline]:
+def pinned(run: Callable[[str], Rows]) -> tuple[Rows, str]:
+    """``run(url)`` on a private redis-server pinned to one core, this process to the
+    other; its rows and the server's version."""
     with RedisServer(None, None, *core.server_options()) as server:
         if server.process is not None:
             core.pin(server.process.pid)
         try:
-            rows = core.run(server.url, calls, rounds)
+            return run(server.url), server.version
         finally:
             unpin()
-        version = server.version
+
+
+def section_core(calls: int, rounds: int) -> tuple[str, Headline]:
+    rows, version = pinned(partial(core.run, calls=calls, rounds=rounds))
     core.plot(rows, PLOTS / "per_decision.png")
     floor = rows[core.FLOOR]["server"]
     ours = [n for n in rows if n.startswith(core.OURS)]
@@ -101,6 +108,16 @@ def section_core(calls: int, rounds: int) -> tuple[str, Headline]:
         + "\n\n![per decision](bench/plots/per_decision.png)"
     )
     return body, headline
+
+
+def section_core_async(calls: int, rounds: int) -> tuple[str, Headline]:
+    rows, version = pinned(lambda url: asyncio.run(core_async.run(url, calls, rounds)))
+    headline = [
+        ("asyncio GCRA decision (AsyncRedisFunnel), client p50 / PING p50",
+         f"{rows['async gcra throttle (admitted)']['ratio']:.3f}",
+         f"limits.aio {_ratios(rows, 'limits.aio', 'ratio')}"),
+    ]  # fmt: skip
+    return core.table(rows, version, calls, rounds, "asyncio, "), headline
 
 
 def section_worker(tasks: int, rounds: int) -> tuple[str, Headline]:
@@ -227,6 +244,8 @@ def main() -> None:
     PLOTS.mkdir(exist_ok=True)
     steps: list[tuple[str, str, Callable[[], tuple[str, Headline]]]] = [
         ("Per decision", CORE, partial(section_core, *((300, 1) if quick else (2000, 5)))),
+        ("Per decision, asyncio", CORE_ASYNC,
+         partial(section_core_async, *((300, 1) if quick else (2000, 5)))),
         ("The gate's cost per task in one worker", WORKER,
          partial(section_worker, *((300, 1) if quick else (2000, 5)))),
         ("Instructions: per task and per decision", INSTRUCTIONS,
@@ -260,6 +279,11 @@ one core and the client to the other. The two `ref:` rows are floors: an empty s
 and the TIME + GET + SET that any GCRA on the server's clock must make; the two after
 it add what that floor leaves out: reading TIME and the stored value as numbers, then
 writing a computed value and TTL. `server / floor` divides by the TIME+GET+SET row."""
+
+CORE_ASYNC = """The same, awaited (`bench/core_async.py`): `AsyncRedisFunnel` on a
+`redis.asyncio` client, each call interleaved with an awaited PING on the same client,
+`funnel.limit()` as `async with` (its decision books through `reserve`), and `limits.aio`
+(its redis-py implementation) on the same connection pool."""
 
 WORKER = """Tasks per second of ONE worker process (`-c 1`) draining a pre-filled queue of
 no-op tasks: plain Celery (celery-funnel not installed), celery-funnel installed with

@@ -1,8 +1,9 @@
 """celery-funnel: a shared Redis funnel (GCRA leaky bucket) for Celery tasks.
 
 The core: ``Rate`` parses limits, a ``Funnel`` backend (``RedisFunnel`` or
-``MemoryFunnel``) takes units atomically and answers with a ``Decision`` (``throttle``
-and the window strategies) or a ``Reservation`` (``reserve``).
+``MemoryFunnel``; ``AsyncRedisFunnel`` for asyncio) takes units atomically and answers
+with a ``Decision`` (``throttle`` and the window strategies) or a ``Reservation``
+(``reserve``). ``funnel.limit("5/s")`` puts any function or block behind a funnel.
 """
 
 from ._celery.task import FunnelTask
@@ -10,6 +11,7 @@ from ._install import install
 from ._limiter.backends.base import Funnel
 from ._limiter.backends.memory import MemoryFunnel
 from ._limiter.backends.redis import RedisFunnel
+from ._limiter.backends.redis_async import AsyncRedisFunnel
 from ._limiter.decision import Decision, Reservation
 from ._limiter.errors import (
     BackendConfigurationError,
@@ -17,13 +19,16 @@ from ._limiter.errors import (
     ConfigurationError,
     CostTooHighError,
     FunnelError,
+    Limited,
     TooManyDeferralsError,
 )
+from ._limiter.guard import LimitGuard
 from ._limiter.limit import Limit
 from ._limiter.rate import Rate
 from ._limiter.strategies.reservation import Shape
 
 __all__ = [
+    "AsyncRedisFunnel",
     "BackendConfigurationError",
     "BackendError",
     "ConfigurationError",
@@ -33,6 +38,8 @@ __all__ = [
     "FunnelError",
     "FunnelTask",
     "Limit",
+    "LimitGuard",
+    "Limited",
     "MemoryFunnel",
     "Rate",
     "RedisFunnel",

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import redis
 
-from celery_funnel import Funnel, MemoryFunnel, RedisFunnel
+from celery_funnel import AsyncRedisFunnel, Funnel, MemoryFunnel, RedisFunnel
 from celery_funnel.testing import RedisServer, find_redis_servers, server_version
 from tests.servers import RedisClusterServers, redis_cli
 
@@ -59,6 +59,10 @@ class ServerPool:
             self.running[server_id] = RedisServer(binary, aof=True).start()
         return self.running[server_id].url
 
+    def funnel_url(self, backend_id: str) -> str:
+        """The Redis of a funnel backend id: a server's, or the cluster's."""
+        return self.cluster_url() if backend_id == "cluster" else self.url(backend_id)
+
     def stop(self) -> None:
         for server in self.running.values():
             server.stop()
@@ -81,10 +85,20 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             # the Celery layer: its scripts run on every server in the tables and
             # properties; its own behaviour does not depend on the server's version
             ids = [i for i in ids if i != "memory"][:1]
-        marks = {i: [] if i == "memory" else [pytest.mark.redis] for i in ids}
-        metafunc.parametrize(
-            "backend_id", [pytest.param(i, id=i, marks=marks[i]) for i in ids], indirect=True
-        )
+        metafunc.parametrize("backend_id", _params(ids), indirect=True)
+    if "any_backend_id" in metafunc.fixturenames:  # every store, blocking and asyncio
+        redis_ids = [*SERVERS, *CLUSTER]
+        awaited = [f"{ASYNC}{i}" for i in redis_ids]
+        only_awaited = "async_funnel" in metafunc.fixturenames
+        ids = awaited if only_awaited else ["memory", *redis_ids, *awaited]
+        metafunc.parametrize("any_backend_id", _params(ids), indirect=True)
+
+
+ASYNC = "async-"  # an AsyncRedisFunnel on the Redis named after it
+
+
+def _params(ids: list[str]) -> list[object]:
+    return [pytest.param(i, id=i, marks=[] if i == "memory" else [pytest.mark.redis]) for i in ids]
 
 
 @pytest.fixture
@@ -111,10 +125,48 @@ def funnel(backend_id: str, server_pool: ServerPool) -> Iterator[Funnel]:
     if backend_id == "memory":
         yield MemoryFunnel()
         return
-    url = server_pool.cluster_url() if backend_id == "cluster" else server_pool.url(backend_id)
-    backend = RedisFunnel.from_url(url, socket_timeout=5)
+    backend = RedisFunnel.from_url(server_pool.funnel_url(backend_id), socket_timeout=5)
     yield backend
     backend.client.close()
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    """Tests marked anyio run on asyncio (redis.asyncio's), not on every backend found."""
+    return "asyncio"
+
+
+@pytest.fixture
+def any_backend_id(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def any_funnel(
+    any_backend_id: str, server_pool: ServerPool
+) -> AsyncIterator[Funnel | AsyncRedisFunnel]:
+    """Every store: memory, RedisFunnel and AsyncRedisFunnel on each Redis and the
+    Cluster (tests marked anyio; await what an AsyncRedisFunnel answers)."""
+    if any_backend_id == "memory":
+        yield MemoryFunnel()
+        return
+    backend_id = any_backend_id.removeprefix(ASYNC)
+    url = server_pool.funnel_url(backend_id)
+    if backend_id == any_backend_id:
+        blocking = RedisFunnel.from_url(url, socket_timeout=5)
+        yield blocking
+        blocking.client.close()
+        return
+    awaited = AsyncRedisFunnel.from_url(url, socket_timeout=5)
+    yield awaited
+    await awaited.aclose()
+
+
+@pytest.fixture
+def async_funnel(any_funnel: Funnel | AsyncRedisFunnel) -> AsyncRedisFunnel:
+    """An AsyncRedisFunnel on each Redis and the Cluster (tests marked anyio)."""
+    assert isinstance(any_funnel, AsyncRedisFunnel)
+    return any_funnel
 
 
 @pytest.fixture

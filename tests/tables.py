@@ -15,6 +15,20 @@ T0 = 1_700_000_000  # divisible by every window length below, so windows align o
 Step = tuple[float, str, dict[str, Any], tuple[Any, ...]]
 
 
+def rows(table: str) -> list[tuple[str, str, dict[str, Any], tuple[Any, ...]]]:
+    """``table``'s steps as (label, method, arguments with ``now``, expected answer)."""
+    return [
+        (f"{table} step {n}: {method}({kwargs}) at +{offset}s", method,
+         {**kwargs, "now": T0 + offset}, expected)
+        for n, (offset, method, kwargs, expected) in enumerate(TABLES[table])
+    ]  # fmt: skip
+
+
+def answer_row(answer: Any) -> tuple[Any, ...]:
+    """An answer as a table row: a Decision or Reservation is one; a number, a 1-tuple."""
+    return tuple(answer) if isinstance(answer, tuple) else (answer,)
+
+
 def _throttle(max_burst: int, count: int, period: float, q: int) -> dict[str, Any]:
     return {"max_burst": max_burst, "count": count, "period": period, "quantity": q}
 

@@ -13,7 +13,7 @@ from celery import Task
 from .._limiter.concurrency import check_concurrency
 from .._limiter.errors import ConfigurationError
 from .._limiter.limit import Limit, parse_limit
-from .._limiter.values import did_you_mean, format_fields, to_bool
+from .._limiter.values import check_fields, did_you_mean, to_bool
 from .outage import check_policy
 
 HEADER = "celery_funnel"
@@ -199,14 +199,7 @@ def check_keys(where: str, get: Getter, params: list[str] | None) -> None:
             keys.append((f"funnel_limits[{i}]['key']", spec.get("key")))
             keys.append((f"funnel_limits[{i}]['fair_by']", spec.get("fair_by")))
     for option, key in keys:
-        if not isinstance(key, str):
-            continue
-        for field in format_fields(f"{where}: {option}", key):
-            if field not in params:
-                raise ConfigurationError(
-                    f"{where}: {option}={key!r} names {field!r}, which is not a parameter"
-                    f" of the task{did_you_mean(field, params)}; its parameters are {params}"
-                )
+        check_fields(f"{where}: {option}", key, params, "the task")
 
 
 def check_options(where: str, get: Getter, params: list[str] | None) -> None:

@@ -12,6 +12,7 @@ __all__ = [
     "ConfigurationError",
     "CostTooHighError",
     "FunnelError",
+    "Limited",
     "TooManyDeferralsError",
 ]
 
@@ -55,10 +56,30 @@ class BackendConfigurationError(FunnelError):
     """
 
 
+class Limited(FunnelError):  # noqa: N818  # the public name: a state, not a fault
+    """A funnel refused a call: ``on_limit="raise"``, or a wait longer than ``max_wait``
+    (``Funnel.limit``).
+
+    Attributes:
+        retry_after: seconds (float) until the same call would be admitted.
+        funnel: the funnel's key ("" when not known).
+    """
+
+    def __init__(self, retry_after: float, funnel: str = "") -> None:
+        # the whole state in args: it pickles, and unpickles through __init__
+        super().__init__(float(retry_after), funnel)
+        self.retry_after = float(retry_after)
+        self.funnel = funnel
+
+    def __str__(self) -> str:
+        where = f"funnel {self.funnel!r}" if self.funnel else "the funnel"
+        return f"{where} is full: retry after {self.retry_after:.3f} s"
+
+
 # Users meet these as ``celery_funnel.X`` (their public home): tracebacks, Celery's
 # stored exceptions and pickle name them so, and find them there.
 for _public in (
     FunnelError, ConfigurationError, BackendError, CostTooHighError, TooManyDeferralsError,
-    BackendConfigurationError,
+    BackendConfigurationError, Limited,
 ):  # fmt: skip
     _public.__module__ = "celery_funnel"

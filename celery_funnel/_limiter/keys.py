@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 __all__ = [
+    "DEFAULT_PREFIX",
     "FunnelKey",
     "companion_key",
     "fair_keys",
@@ -66,6 +67,7 @@ __all__ = [
     "tickets_key",
 ]
 
+DEFAULT_PREFIX = "funnel:"  # funnel_key_prefix's default
 _SAFE_CHARS = r"A-Za-z0-9_.:@*?=+\-"
 _SAFE = re.compile(f"[{_SAFE_CHARS}]{{1,64}}")
 # what safe_part can produce: its safe text, or "~" and hex digits

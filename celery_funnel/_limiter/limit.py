@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from . import strategies
-from .backends.base import Funnel
 from .errors import ConfigurationError
 from .fair import check_fair
 from .keys import safe_part
 from .rate import Rate
+from .strategies._registry import Backend  # a Funnel: backends.base imports this module
 from .strategies.reservation import Shape
 from .values import MAX_CAPACITY, check_plain, did_you_mean, format_fields
 
@@ -125,7 +125,7 @@ class Limit:
 
     def check(
         self,
-        funnel: Funnel,
+        funnel: Backend,
         key: str,
         cost: int,
         *,
@@ -151,7 +151,7 @@ class Limit:
 
 
 def check_all(
-    funnel: Funnel,
+    funnel: Backend,
     limits: Sequence[Limit],
     keys: Sequence[str],
     costs: Sequence[int],

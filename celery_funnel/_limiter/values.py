@@ -14,7 +14,7 @@ import enum
 import math
 import string
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .errors import ConfigurationError
@@ -24,6 +24,7 @@ __all__ = [
     "MAX_TIMEOUT",
     "MIN_COUNTDOWN",
     "MIN_TIMEOUT",
+    "check_fields",
     "check_plain",
     "did_you_mean",
     "format_fields",
@@ -134,6 +135,24 @@ def format_fields(where: str, key: str) -> list[str]:
             )
         names.append(first)
     return names
+
+
+def check_fields(where: str, key: object, params: Sequence[str], owner: str) -> None:
+    """Refuse a format-string ``key`` (``where`` names it) whose fields are not among
+    ``params``, the parameters of ``owner`` ("the task"): every call would fail with a
+    bare ``KeyError``. A key that is not a string passes.
+
+    Raises:
+        ConfigurationError: naming the key, the field and the parameters.
+    """
+    if not isinstance(key, str):
+        return
+    for field in format_fields(where, key):
+        if field not in params:
+            raise ConfigurationError(
+                f"{where}={key!r} names {field!r}, which is not a parameter of {owner}"
+                f"{did_you_mean(field, params)}; its parameters are {list(params)}"
+            )
 
 
 def check_plain(where: str, field: str, value: Any) -> Any:

@@ -6,16 +6,13 @@ import pytest
 
 from celery_funnel import Funnel
 from celery_funnel._limiter.strategies.reservation import Shape
-from tests.tables import T0, TABLES, Step
+from tests.tables import T0, TABLES, answer_row, rows
 
 
 @pytest.mark.parametrize("table", list(TABLES))
 def test_table(funnel: Funnel, key: str, table: str) -> None:
-    steps: list[Step] = TABLES[table]
-    for number, (offset, method, kwargs, expected) in enumerate(steps):
-        answer = getattr(funnel, method)(key, **kwargs, now=T0 + offset)
-        got = tuple(answer) if isinstance(answer, tuple) else (answer,)
-        assert got == expected, f"{table} step {number}: {method}({kwargs}) at +{offset}s"
+    for label, method, kwargs, expected in rows(table):
+        assert answer_row(getattr(funnel, method)(key, **kwargs)) == expected, label
 
 
 def test_cell_reply_rounds_partial_seconds_up(funnel: Funnel, key: str) -> None:

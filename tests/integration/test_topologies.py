@@ -5,6 +5,8 @@ every limiter keeps its state across a Sentinel failover, through ``redis+sentin
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -17,7 +19,7 @@ from celery.contrib.testing.worker import start_worker
 from redis.cluster import RedisCluster
 from redis.sentinel import SentinelConnectionPool
 
-from celery_funnel import BackendError, Funnel, RedisFunnel, Shape
+from celery_funnel import AsyncRedisFunnel, BackendError, Funnel, RedisFunnel, Shape
 from celery_funnel._config.runtime import runtime_for
 from celery_funnel._limiter.errors import ConfigurationError
 from tests.conftest import CLUSTER, ServerPool
@@ -94,6 +96,30 @@ def test_every_limiter_keeps_its_state_across_a_sentinel_failover(
         assert call(funnel, f"{keys[name]}-new"), f"{name}: new funnels work"
     assert failures <= 2, "one reconnection, not a stream of errors"
     funnel.client.close()
+
+
+@pytest.mark.anyio
+async def test_an_async_funnel_keeps_its_funnels_across_a_sentinel_failover(
+    sentinel_servers: SentinelServers,
+) -> None:
+    key = f"failover:async:{uuid.uuid4().hex}"
+    async with AsyncRedisFunnel.from_url(sentinel_servers.url) as funnel:
+        assert not (await funnel.throttle(key, 0, 1, HOUR)).limited
+        first_master = sentinel_servers.master_port()
+        sentinel_servers.failover()
+        assert sentinel_servers.master_port() != first_master
+        deadline, failures = time.monotonic() + 30, 0
+        while True:  # a failover in progress fails calls for a moment, never answers wrong
+            try:
+                decision = await funnel.throttle(key, 0, 1, HOUR)
+                break
+            except BackendError:
+                failures += 1
+                assert time.monotonic() < deadline, "the new master never answered"
+                await asyncio.sleep(0.05)
+        assert decision.limited, "the new master holds the funnel"
+        assert failures <= 2, "one reconnection, not a stream of errors"
+        assert not (await funnel.throttle(f"{key}-new", 0, 1, HOUR)).limited
 
 
 def test_celery_tasks_share_funnels_through_a_sentinel_url(

@@ -11,16 +11,37 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import unquote
 
 import redis
-from redis.cluster import ClusterNode, RedisCluster
-from redis.sentinel import Sentinel
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.asyncio.sentinel
+import redis.cluster
+import redis.sentinel
 
 from ..errors import ConfigurationError
 
-__all__ = ["client_from_url", "mask_url"]
+__all__ = ["async_client_from_url", "client_from_url", "mask_url"]
+
+
+class _Flavour(NamedTuple):
+    """redis-py's client classes of one kind: blocking, or ``redis.asyncio``'s."""
+
+    redis: Any
+    cluster: Any
+    node: Any
+    sentinel: Any
+
+
+_BLOCKING = _Flavour(
+    redis.Redis, redis.cluster.RedisCluster, redis.cluster.ClusterNode, redis.sentinel.Sentinel
+)
+_ASYNCIO = _Flavour(
+    redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster, redis.asyncio.cluster.ClusterNode,
+    redis.asyncio.sentinel.Sentinel,
+)  # fmt: skip
 
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 SENTINEL_SCHEME = "redis+sentinel://"
@@ -58,18 +79,17 @@ def _split_auth(netloc: str) -> tuple[str | None, str | None, str]:
     return (unquote(user) or None), (unquote(password) or None), hosts
 
 
-def _cluster(url: str, options: dict[str, Any]) -> RedisCluster:
+def _cluster(url: str, options: dict[str, Any], flavour: _Flavour) -> Any:
     scheme, _, rest = url.partition("://")
     user, password, hosts = _split_auth(rest.split("/", 1)[0])
-    # redis-py leaves ClusterNode, Sentinel and master_for untyped
-    nodes = [ClusterNode(host, port) for host, port in _addresses(url, hosts)]  # type: ignore[no-untyped-call]
-    return RedisCluster(
+    nodes = [flavour.node(host, port) for host, port in _addresses(url, hosts)]
+    return flavour.cluster(
         startup_nodes=nodes, username=user, password=password,
         ssl=scheme.startswith("rediss"), **options,
     )  # fmt: skip
 
 
-def _sentinel(url: str, options: dict[str, Any]) -> Any:
+def _sentinel(url: str, options: dict[str, Any], flavour: _Flavour) -> Any:
     rest = url[len(SENTINEL_SCHEME) :]
     netloc, _, path = rest.partition("/")
     user, password, hosts = _split_auth(netloc)
@@ -81,9 +101,9 @@ def _sentinel(url: str, options: dict[str, Any]) -> Any:
         )
     service, db = parts[0], int(parts[1]) if len(parts) == 2 else 0
     timeouts = {k: v for k, v in options.items() if k.startswith("socket_")}
-    sentinel = Sentinel(_addresses(url, hosts), sentinel_kwargs=timeouts, **timeouts)  # type: ignore[no-untyped-call]
+    sentinel = flavour.sentinel(_addresses(url, hosts), sentinel_kwargs=timeouts, **timeouts)
     rest_options = {k: v for k, v in options.items() if k not in timeouts}
-    return sentinel.master_for(  # type: ignore[no-untyped-call]
+    return sentinel.master_for(
         service, db=db, username=user, password=password, **timeouts, **rest_options
     )
 
@@ -94,11 +114,24 @@ def client_from_url(url: str, **options: Any) -> Any:
     Raises:
         ConfigurationError: when the URL cannot be understood, naming it.
     """
+    return _client(url, options, _BLOCKING)
+
+
+def async_client_from_url(url: str, **options: Any) -> Any:
+    """A ``redis.asyncio`` client for ``url``, read as ``client_from_url`` reads it.
+
+    Raises:
+        ConfigurationError: when the URL cannot be understood, naming it.
+    """
+    return _client(url, options, _ASYNCIO)
+
+
+def _client(url: str, options: dict[str, Any], flavour: _Flavour) -> Any:
     try:
         if url.startswith(CLUSTER_SCHEMES):
-            return _cluster(url, options)
+            return _cluster(url, options, flavour)
         if url.startswith(SENTINEL_SCHEME):
-            return _sentinel(url, options)
-        return redis.Redis.from_url(url, **options)
+            return _sentinel(url, options, flavour)
+        return flavour.redis.from_url(url, **options)
     except (ValueError, redis.RedisError) as exc:
         raise ConfigurationError(f"invalid funnel_redis_url {mask_url(url)!r}: {exc}") from None

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from ..decision import Decision, Reservation
+from ..guard import limit_method
 from ..scripts import Arg, Call, Reply, Script
 from ..strategies import fixed_window, gcra, hold, reservation, sliding_log, sliding_window
 from ..strategies.reservation import Shape
@@ -207,6 +208,8 @@ class Funnel(ABC):
         return sliding_window.sliding_window(
             self._eval, key, limit, period, quantity, windows, partial, now
         )
+
+    limit = limit_method
 
     @abstractmethod
     def reset(self, key: str) -> None:

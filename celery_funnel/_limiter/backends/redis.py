@@ -36,6 +36,49 @@ def failure(doing: str, error: Exception) -> BackendError | BackendConfiguration
     return BackendError(f"Redis failed {doing}: {error}")
 
 
+# what redis-py raises when a command fails; RedisClusterException: a slot not covered
+FAILURES = (RedisError, RedisClusterException)
+
+
+def evalsha(call: Call) -> tuple[Arg, ...]:
+    """The EVALSHA command of one script call."""
+    script, keys, args = call
+    return ("EVALSHA", script.sha, len(keys), *keys, *args)
+
+
+def as_reply(reply: Any) -> Reply:
+    """A script's reply as a list (a script returning one number replies a number)."""
+    return reply if isinstance(reply, list) else [reply]
+
+
+def lost(replies: Sequence[Any]) -> list[int]:
+    """Where a pipeline's replies say NOSCRIPT: the scripts to load and run again."""
+    return [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+
+
+def checked(calls: Sequence[Call], replies: Sequence[Any]) -> list[Reply]:
+    """A pipeline's replies to ``calls`` (``raise_on_error=False``) as script replies.
+
+    Raises:
+        BackendError, BackendConfigurationError: for the first reply that is an error.
+    """
+    for (script, _, _), reply in zip(calls, replies, strict=True):
+        if isinstance(reply, Exception):
+            raise failure(f"running {script.name}.lua", reply)
+    return [as_reply(reply) for reply in replies]
+
+
+def server_seconds(time_reply: Sequence[Any]) -> float:
+    """A ``TIME`` reply (seconds, microseconds) as float seconds since the epoch."""
+    seconds, micros = time_reply
+    return int(seconds) + int(micros) / US
+
+
+def booked_slots(booked: Sequence[tuple[bytes, float]]) -> list[tuple[str, float]]:
+    """A tickets sorted set read ``withscores`` as (ticket, slot in epoch seconds)."""
+    return [(ticket.decode(), slot / US) for ticket, slot in booked]
+
+
 class RedisFunnel(Funnel):
     """Funnels kept in Redis (>= 5): standalone, Redis Cluster or a Sentinel master.
 
@@ -69,16 +112,16 @@ class RedisFunnel(Funnel):
         return cls(client_from_url(url, **options))
 
     def _eval(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
-        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        command = evalsha((script, keys, args))
         try:
             try:
                 reply = self._lean.call(command)
             except NoScriptError:
                 self.client.script_load(script.source)
                 reply = self._lean.call(command)
-        except (RedisError, RedisClusterException) as exc:  # the latter: a slot not covered
+        except FAILURES as exc:
             raise failure(f"running {script.name}.lua", exc) from exc
-        return reply if isinstance(reply, list) else [reply]
+        return as_reply(reply)
 
     def _decide_in_order(
         self, steps: Sequence[Callable[[Funnel], T]], admits: Callable[[T], bool]
@@ -96,36 +139,32 @@ class RedisFunnel(Funnel):
         """Every call in one pipeline (not a transaction: each script is atomic on its
         own); calls whose script the server lost (NOSCRIPT) run again after loading it."""
         replies: list[Any] = self._pipelined(calls)
-        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        missing = lost(replies)
         if missing:
             try:
                 for script in {calls[i][0] for i in missing}:
                     self.client.script_load(script.source)
-            except (RedisError, RedisClusterException) as exc:
+            except FAILURES as exc:
                 raise failure("loading scripts", exc) from exc
             for i, reply in zip(missing, self._pipelined([calls[i] for i in missing]), strict=True):
                 replies[i] = reply
-        for (script, _, _), reply in zip(calls, replies, strict=True):
-            if isinstance(reply, Exception):
-                raise failure(f"running {script.name}.lua", reply)
-        return [reply if isinstance(reply, list) else [reply] for reply in replies]
+        return checked(calls, replies)
 
     def _pipelined(self, calls: Sequence[Call]) -> list[Any]:
         try:
             pipe = self.client.pipeline(transaction=False)
-            for script, keys, args in calls:
-                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            for call in calls:
+                pipe.execute_command(*evalsha(call))
             return list(pipe.execute(raise_on_error=False))
-        except (RedisError, RedisClusterException) as exc:
+        except FAILURES as exc:
             raise failure(f"running {len(calls)} scripts in one pipeline", exc) from exc
 
     def time(self) -> float:
         """The Redis server's clock, float seconds since the epoch (the funnels' clock)."""
         try:
-            seconds, micros = self.client.time()
+            return server_seconds(self.client.time())
         except RedisError as exc:
             raise failure("TIME", exc) from exc
-        return int(seconds) + int(micros) / US
 
     def tickets(self, key: str, count: int = 20) -> list[tuple[str, float]]:
         """The first ``count`` reservation tickets booked on GCRA funnel ``key``, as
@@ -134,7 +173,7 @@ class RedisFunnel(Funnel):
             booked = self.client.zrange(tickets_key(key), 0, count - 1, withscores=True)
         except RedisError as exc:
             raise failure(f"reading the tickets of {key!r}", exc) from exc
-        return [(ticket.decode(), slot / US) for ticket, slot in booked]
+        return booked_slots(booked)
 
     def reset(self, key: str) -> None:
         try:

@@ -1,0 +1,164 @@
+"""``funnel.limit`` on real Redis: every store alike, coroutines and processes sharing
+one limit at its rate, and a function sharing a funnel with a Celery task."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import multiprocessing
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_funnel import (
+    AsyncRedisFunnel,
+    Funnel,
+    FunnelTask,
+    Limited,
+    RedisFunnel,
+    install,
+)
+from celery_funnel._config.runtime import runtime_for
+from celery_funnel.testing import peak
+from tests.conftest import SERVERS, ServerPool
+
+ONE_REDIS = True  # the Celery part: one Redis version is enough (tests/conftest.py)
+
+
+@pytest.mark.anyio
+async def test_every_store_raises_skips_and_waits_alike(
+    any_funnel: Funnel | AsyncRedisFunnel, key: str
+) -> None:
+    raising = any_funnel.limit("1/m", name=key, on_limit="raise")
+    skipping = any_funnel.limit("1/m", name=key, on_limit="skip")
+
+    @raising
+    async def call() -> str:
+        return "ran"
+
+    @skipping
+    async def maybe() -> str:
+        return "ran"
+
+    assert await call() == "ran"
+    with pytest.raises(Limited) as info:
+        await call()
+    assert 59 < info.value.retry_after <= 60
+    assert info.value.funnel == f"funnel:{{{key}}}"
+    assert await maybe() is None
+    block = any_funnel.limit("10/s", name=f"{key}:block")
+    async with block:
+        start = time.monotonic()
+    async with block:  # its slot is booked 0.1 s after the first
+        assert time.monotonic() - start >= 0.09
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_two_hundred_coroutines_start_at_the_funnel_rate(server_pool: ServerPool) -> None:
+    """50/s, capacity 5, on_limit="wait": 5 start at once, then one every 20 ms, in the
+    order their slots were booked."""
+    starts: list[float] = []
+    url = server_pool.url(next(iter(SERVERS)))
+    async with AsyncRedisFunnel.from_url(url, socket_timeout=5) as funnel:
+
+        @funnel.limit("50/s", capacity=5, name=f"test:{uuid.uuid4().hex}")
+        async def call() -> None:
+            starts.append(time.time())
+
+        await asyncio.gather(*(call() for _ in range(200)))
+    starts.sort()
+    steady = starts[5:]  # after the burst of 5
+    assert (len(steady) - 1) / (steady[-1] - steady[0]) == pytest.approx(50, rel=0.05)
+    assert peak(starts) <= 55
+
+
+def _call_for(url: str, name: str, users: list[str], barrier: Any, out: Any) -> None:
+    """One process: 3 threads call a 5/s-per-user function for 4 s; its start times
+    per user go to ``out``."""
+    funnel = RedisFunnel.from_url(url)
+    starts: dict[str, list[float]] = {user: [] for user in users}
+
+    @funnel.limit("5/s", key="{user}", name=name)
+    def fetch(user: str) -> None:
+        starts[user].append(time.time())  # list.append: safe across threads
+
+    def caller(first: int) -> None:
+        turns = itertools.cycle(users[first:] + users[:first])
+        while time.monotonic() < stop:
+            fetch(next(turns))
+
+    barrier.wait()
+    stop = time.monotonic() + 4.0
+    threads = [threading.Thread(target=caller, args=(i % len(users),)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    funnel.client.close()
+    out.put(starts)
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+def test_threads_in_two_processes_share_a_limit_per_user(server_pool: ServerPool) -> None:
+    url, name = server_pool.url(next(iter(SERVERS))), f"test:{uuid.uuid4().hex}"
+    users = ["ann", "bob"]
+    context = multiprocessing.get_context("spawn")
+    barrier, out = context.Barrier(2), context.Queue()
+    processes = [
+        context.Process(target=_call_for, args=(url, name, users, barrier, out)) for _ in range(2)
+    ]
+    for process in processes:
+        process.start()
+    try:
+        got = [out.get(timeout=60) for _ in processes]
+    finally:
+        for process in processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+                process.join()
+    for user in users:
+        mine = [got[0][user], got[1][user]]
+        starts = sorted(mine[0] + mine[1])
+        assert all(mine), f"{user}: both processes called"
+        # 4 s at 5/s, plus the calls booked before the end: ~21-25
+        assert 18 <= len(starts) <= 30, len(starts)
+        assert peak(starts) <= 6, f"{user}: 5/s, capacity 1"
+
+
+@pytest.mark.redis
+def test_a_function_shares_a_funnel_with_the_task_of_its_name(redis_url: str) -> None:
+    """A FunnelTask and a function named alike, with the same key, use one funnel: the
+    task's run takes the unit, the function is refused for that user only."""
+    app = Celery("shared", broker="memory://", set_as_current=False)
+    app.conf.update(funnel_redis_url=redis_url, funnel_throttle_eager=True)
+    install(app)
+    name = f"shared.call_api.{uuid.uuid4().hex}"
+
+    @app.task(base=FunnelTask, name=name, funnel_rate="1/m", funnel_key="{user}", shared=False)
+    def call_api(user: str) -> str:
+        return user
+
+    funnel = RedisFunnel.from_url(redis_url)
+
+    @funnel.limit("1/m", key="{user}", name=name, on_limit="raise")
+    def call_upstream(user: str) -> str:
+        return user
+
+    try:
+        assert call_api.apply(("ann",)).get() == "ann"
+        with pytest.raises(Limited) as info:
+            call_upstream("ann")
+        assert info.value.funnel == runtime_for(app).task_key(name, "ann")
+        assert call_upstream("bob") == "bob"
+    finally:
+        funnel.client.close()
+        runtime_for(app).close()
+        app.close()
