@@ -71,7 +71,7 @@ def set_command(
     concurrency: int | None,
     ttl: str | None,
 ) -> None:
-    """Override funnel NAME's RATE (like 20/s), capacity and/or concurrency on every
+    """Override funnel NAME's RATE (like 20/s, 0.5/s or 5), capacity and/or concurrency on every
     worker within a second, without a restart."""
     entry = _run(
         ctx, control.set_override, name, rate, capacity=capacity, concurrency=concurrency, ttl=ttl
