@@ -11,6 +11,7 @@ from typing import Any
 import click
 from celery.bin.base import CeleryCommand
 
+from .._config.runtime import runtime_for
 from .._gate.overrides import Override
 from .._limiter.errors import ConfigurationError
 from .._ops import control
@@ -125,6 +126,8 @@ def dashboard(
             f"the dashboard needs its extra: pip install 'celery-funnel[dashboard]' ({exc})"
         ) from None
     token = token or os.environ.get(TOKEN_ENV) or None
+    # a misconfigured app stops here, in one line, not in a traceback on every request
+    runtime_for(ctx.obj.app).settings.require_redis()
     try:
         serve(ctx.obj.app, host=host, port=port, token=token, basic_auth=basic_auth)
     except ConfigurationError as exc:
