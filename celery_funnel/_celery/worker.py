@@ -39,10 +39,11 @@ from .._gate.requests import fail_request, until_expiry
 from .._gate.seats import Seats
 from .._gate.slots import SlotWaits
 from .._gate.waits import WaitSteps
+from .._limiter.errors import ConfigurationError
 from .._limiter.keys import safe_part
 from .._limiter.limit import Limit
 from .._stores.leases import Lease
-from .checks import check_app
+from .checks import check_app, refuse_start
 from .task import FunnelTask, limits_of
 
 __all__ = ["FunnelGate", "WorkerGate"]
@@ -225,7 +226,11 @@ class FunnelGate(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def __init__(self, consumer: Any, **kwargs: Any) -> None:
         super().__init__(consumer, **kwargs)
-        check_tasks(consumer.app)
+        try:
+            check_tasks(consumer.app)
+        except ConfigurationError as error:
+            refuse_start(consumer, error)
+            raise
         runtime = runtime_for(consumer.app)
         settings = runtime.settings
         if settings.limits:
