@@ -9,18 +9,21 @@
   ``funnel_redis_url``.
 - A worker (``celery worker`` or in-process) of an app that uses celery-funnel but
   never called ``install(app)`` stops at start (``worker_init``, see ``_install``).
+- A ``celery worker`` stopped by a mistake says it in one line (``refuse_start``).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import os
 from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
 
 from celery import bootsteps
+from celery.exceptions import WorkerTerminate
 
 from .._config.options import (
     check_names,
@@ -36,7 +39,9 @@ from .._config.settings import setting_name
 from .._limiter.errors import ConfigurationError
 from .task import FunnelTask
 
-__all__ = ["NotInstalled", "check_app", "check_definitions", "uses_funnel"]
+__all__ = ["NotInstalled", "check_app", "check_definitions", "refuse_start", "uses_funnel"]
+
+logger = logging.getLogger("celery_funnel")
 
 _METHODS = tuple(name for name, value in vars(FunnelTask).items() if callable(value))
 
@@ -182,6 +187,28 @@ def check_app(app: Any) -> None:
         raise ConfigurationError(f"{len(errors)} celery-funnel configuration errors:\n{listed}")
 
 
+def refuse_start(consumer: Any, error: ConfigurationError) -> None:
+    """Stop a worker at start for ``error``, found by a consumer bootstep.
+
+    A worker run as a program (``celery worker``, ``app.worker_main()``) logs it once,
+    at ERROR, as ``ConfigurationError: <message>`` (its traceback too under ``-l
+    DEBUG``) and exits with status 1: raised, it would end in Celery's 70-line
+    traceback of its own start-up code. Any other worker (``start_worker`` in tests)
+    returns here, for the caller to raise ``error`` where it is caught and read.
+
+    Raises:
+        WorkerTerminate: status 1, in a worker run as a program.
+    """
+    from celery.apps.worker import Worker  # noqa: PLC0415 - what `celery worker` runs
+
+    controller = getattr(consumer, "controller", None)
+    if not isinstance(controller, Worker):
+        return
+    debug = getattr(controller, "loglevel", logging.INFO) <= logging.DEBUG
+    logger.error("ConfigurationError: %s", error, exc_info=error if debug else None)
+    raise WorkerTerminate(1) from None
+
+
 def uses_funnel(app: Any) -> list[str]:
     """What in ``app`` uses celery-funnel: ``funnel_*`` settings, FunnelTasks, tasks
     with ``funnel_*`` options (empty when nothing does)."""
@@ -211,8 +238,10 @@ class NotInstalled(bootsteps.Step):  # type: ignore[misc]
         app = consumer.app
         found = uses_funnel(app)
         if found and not runtime_for(app).installed:
-            raise ConfigurationError(
+            error = ConfigurationError(
                 f"app {app.main!r} uses celery-funnel ({', '.join(found[:5])}) but"
                 f" install(app) was never called, so funnel_limits and the worker-start"
                 f" checks are ignored: call celery_funnel.install(app) where the app is made"
             )
+            refuse_start(consumer, error)
+            raise error

@@ -45,11 +45,12 @@ class FunnelTask(Task):  # type: ignore[misc]
     """Base class for tasks that share funnels: ``@app.task(base=FunnelTask,
     funnel_rate="30/m", funnel_capacity=15, funnel_key="{customer_id}")``.
 
-    Options (also settable with ``task_annotations``): ``funnel_rate`` (``"N/s"`` …),
-    ``funnel_capacity`` (tasks that may start back to back from an idle funnel,
-    default 1), ``funnel_key`` (format string over the task's arguments, or a callable
-    taking them; default: one funnel per task name), ``funnel_cost`` (units per task,
-    int or callable; default 1), ``funnel_strategy`` (``"gcra"`` default, or
+    Options (also settable with ``task_annotations``): ``funnel_rate`` (``"N/s"``,
+    ``"0.5/s"``, ``"5"``: read as Celery reads ``rate_limit``), ``funnel_capacity``
+    (tasks that may start back to back from an idle funnel, default 1), ``funnel_key``
+    (format string over the task's arguments, or a callable taking them; default: one
+    funnel per task name), ``funnel_cost`` (units per task, int or callable; default 1),
+    ``funnel_strategy`` (``"gcra"`` default, or
     ``"fixed_window"``, ``"sliding_window"``, ``"sliding_log"``), and ``funnel_limits``
     (more limits, as dicts with the same keys: ``rate``, ``capacity``, ``key``,
     ``cost``), all of which must admit the task at once (GCRA only), and
@@ -69,7 +70,7 @@ class FunnelTask(Task):  # type: ignore[misc]
     Redis fails.
     """
 
-    funnel_rate: ClassVar[str | None] = None
+    funnel_rate: ClassVar[str | float | None] = None
     funnel_capacity: ClassVar[int] = 1
     funnel_strategy: ClassVar[str] = "gcra"
     funnel_key: ClassVar[Any] = None

@@ -12,7 +12,8 @@ from celery import bootsteps
 from .._config.options import concurrency_of
 from .._config.runtime import runtime_for
 from .._gate.gate import WorkerGate
-from .checks import check_app
+from .._limiter.errors import ConfigurationError
+from .checks import check_app, refuse_start
 from .task import FunnelTask, limits_of
 
 __all__ = ["FunnelGate", "WorkerGate"]
@@ -51,6 +52,29 @@ class FunnelGate(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def __init__(self, consumer: Any, **kwargs: Any) -> None:
         super().__init__(consumer, **kwargs)
+        try:
+            self._install_gate(consumer)
+        except ConfigurationError as error:
+            refuse_start(consumer, error)
+            raise
+        settings = runtime_for(consumer.app).settings
+        if settings.limits:
+            logger.info(
+                "celery-funnel: worker-wide limits on %s",
+                ", ".join(f"{limit.pattern}={limit.rate}" for limit in settings.limits),
+            )
+        if settings.redis_url:  # one log line per problem of the funnels' Redis
+            runtime_for(consumer.app).check_backend()
+
+    @staticmethod
+    def _install_gate(consumer: Any) -> None:
+        """Check the app, then put the gate in front of ``on_task_request`` where a
+        funnel applies.
+
+        Raises:
+            ConfigurationError: a mistake in the settings or a task's options, or
+                ``funnel_park=True`` on a Redis without AOF.
+        """
         check_tasks(consumer.app)
         runtime = runtime_for(consumer.app)
         settings = runtime.settings
@@ -60,13 +84,6 @@ class FunnelGate(bootsteps.StartStopStep):  # type: ignore[misc]
             gate = WorkerGate(runtime, consumer, consumer.on_task_request, _is_funnel_task)
             gate.parking.start()  # funnel_park=True on a Redis without AOF stops here
             consumer.on_task_request = gate
-        if settings.limits:
-            logger.info(
-                "celery-funnel: worker-wide limits on %s",
-                ", ".join(f"{limit.pattern}={limit.rate}" for limit in settings.limits),
-            )
-        if settings.redis_url:  # one log line per problem of the funnels' Redis
-            runtime.check_backend()
 
 
 def _funnel_tasks(app: Any) -> bool:

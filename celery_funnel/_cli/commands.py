@@ -17,12 +17,14 @@ from celery.bin.base import CeleryCommand, handle_preload_options
 from .._config.runtime import Runtime, runtime_for
 from .._limiter.backends._clients import mask_url
 from .._limiter.backends.redis import RedisFunnel
+from .._limiter.errors import ConfigurationError
 from .._limiter.keys import FunnelKey
 from .._ops.control import families, overrides, owner
 from .._ops.view import Failure, Found, at, describe, fair_lines, find, limit_of, resolve
 from .._stores.check import acl_line, check
 from .._stores.park import ParkStore
 from .control import dashboard, override_lines, pause, resume, set_command, unset
+from .errors import OneLineErrors
 from .leases import lease_rows, release_lease, show_holders
 from .parked import parked, parked_summary, purge, release
 
@@ -36,6 +38,8 @@ def _connect(ctx: click.Context) -> tuple[Runtime, RedisFunnel]:
         if not isinstance(funnel, RedisFunnel):
             raise click.ClickException("the funnels are not kept in Redis")
         funnel.client.ping()
+    except ConfigurationError:
+        raise  # the app's own settings: the group says it in one line
     except Exception as exc:  # any failure to connect: one clear line
         if isinstance(exc, click.ClickException):
             raise
@@ -65,11 +69,12 @@ def _echo_rows(ctx: click.Context, rows: list[dict[str, Any]], as_json: bool) ->
             ctx.obj.echo(line)
 
 
-@click.group(name="funnel")
+@click.group(name="funnel", cls=OneLineErrors)
 @click.pass_context
 @handle_preload_options  # type: ignore[untyped-decorator]
 def funnel(ctx: click.Context) -> None:
-    """See, reset and check celery-funnel's funnels (in funnel_redis_url)."""
+    """See, reset and check celery-funnel's funnels (in funnel_redis_url). Errors are one
+    line; CELERY_FUNNEL_DEBUG=1 shows their traceback."""
 
 
 @funnel.command(cls=CeleryCommand)

@@ -11,6 +11,7 @@ from typing import Any
 import click
 from celery.bin.base import CeleryCommand
 
+from .._config.runtime import runtime_for
 from .._gate.overrides import Override
 from .._limiter.errors import ConfigurationError
 from .._ops import control
@@ -71,7 +72,7 @@ def set_command(
     concurrency: int | None,
     ttl: str | None,
 ) -> None:
-    """Override funnel NAME's RATE (like 20/s), capacity and/or concurrency on every
+    """Override funnel NAME's RATE (like 20/s, 0.5/s or 5), capacity and/or concurrency on every
     worker within a second, without a restart."""
     entry = _run(
         ctx, control.set_override, name, rate, capacity=capacity, concurrency=concurrency, ttl=ttl
@@ -125,6 +126,8 @@ def dashboard(
             f"the dashboard needs its extra: pip install 'celery-funnel[dashboard]' ({exc})"
         ) from None
     token = token or os.environ.get(TOKEN_ENV) or None
+    # a misconfigured app stops here, in one line, not in a traceback on every request
+    runtime_for(ctx.obj.app).settings.require_redis()
     try:
         serve(ctx.obj.app, host=host, port=port, token=token, basic_auth=basic_auth)
     except ConfigurationError as exc:

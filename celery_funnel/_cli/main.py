@@ -8,6 +8,9 @@ import sys
 from collections.abc import Sequence
 from types import FrameType
 
+from .._limiter.errors import FunnelError
+from .errors import debugging
+
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Parse ``argv`` and run the chosen command."""
@@ -30,6 +33,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         except KeyboardInterrupt:
             print("\ninterrupted: the demo's workers and Redis are stopped", file=sys.stderr)
             sys.exit(130)
+        except FunnelError as error:  # a bad --rate, say: one line, not a traceback
+            if debugging():
+                raise
+            parser.exit(1, f"celery-funnel: error: {error}\n")
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

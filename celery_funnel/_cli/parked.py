@@ -11,6 +11,7 @@ import click
 from celery.bin.base import CeleryCommand
 
 from .._config.runtime import runtime_for
+from .._limiter.errors import ConfigurationError
 from .._ops.view import Failure, at
 from .._stores.park import ParkStore
 
@@ -24,6 +25,8 @@ def store_of(ctx: click.Context) -> ParkStore:
     runtime = runtime_for(ctx.obj.app)
     try:
         return ParkStore(runtime.funnel.client, runtime.settings.key_prefix)  # type: ignore[attr-defined]
+    except ConfigurationError:
+        raise  # the app's own settings, not reaching: the group says it in one line
     except Exception as exc:
         raise click.ClickException(f"cannot reach the parked tasks: {exc}") from None
 

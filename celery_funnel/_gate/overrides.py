@@ -82,7 +82,7 @@ class Override:
 
     @classmethod
     def checked(
-        cls, rate: str | Rate | None, capacity: Any, concurrency: Any, **fields: Any
+        cls, rate: str | float | Rate | None, capacity: Any, concurrency: Any, **fields: Any
     ) -> Override:
         """An override from user input.
 

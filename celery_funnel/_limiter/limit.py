@@ -249,8 +249,9 @@ def _key(spec: Mapping[str, Any], where: str, label: Label) -> str | KeyFunc | N
 def parse_limit(
     spec: Any, *, pattern: str | None = None, where: str = "limit", label: Label = str
 ) -> Limit:
-    """A ``Limit`` from ``"30/m"`` or ``{"rate": ..., "capacity": ..., "strategy": ...,
-    "key": ..., "cost": ..., "scope": ..., "windows": ...}``; with a ``pattern`` (a
+    """A ``Limit`` from a rate (``"30/m"``, ``"5"``, ``5``: see ``Rate.parse``) or
+    ``{"rate": ..., "capacity": ..., "strategy": ..., "key": ..., "cost": ..., "scope": ...,
+    "windows": ...}``; with a ``pattern`` (a
     worker-wide limit), ``key`` and ``cost`` are refused. ``label`` names each option in
     messages (``"capacity"`` -> ``"funnel_capacity"``, say).
 
@@ -259,8 +260,8 @@ def parse_limit(
     """
     if isinstance(spec, Limit):
         return spec
-    if isinstance(spec, (str, Rate)):
-        spec = {"rate": spec}
+    if isinstance(spec, (str, int, float, Rate)) and not isinstance(spec, bool):
+        spec = {"rate": spec}  # "30/m", "5" or 5 (per second, as Celery reads rate_limit)
     if not isinstance(spec, Mapping) or "rate" not in spec:
         raise ConfigurationError(
             f"{where}: expected a rate like '30/m' or a dict with 'rate', got {spec!r}"

@@ -110,16 +110,16 @@ def _change(
 def set_override(
     app: Any,
     name: str,
-    rate: str | None = None,
+    rate: str | float | None = None,
     *,
     capacity: int | None = None,
     concurrency: int | None = None,
     ttl: str | float | None = None,
     by: str | None = None,
 ) -> Override:
-    """Override funnel ``name``'s rate (``"20/s"``), capacity and/or concurrency (None:
-    the code's), for ``ttl`` (seconds, or ``"30m"``, ``"1h"``...; None: until unset).
-    A pause stays as it was. ``by``: who (default: user@host).
+    """Override funnel ``name``'s rate (``"20/s"``, ``"0.5/s"``, ``5``), capacity and/or
+    concurrency (None: the code's), for ``ttl`` (seconds, or ``"30m"``, ``"1h"``...; None:
+    until unset). A pause stays as it was. ``by``: who (default: user@host).
 
     Raises:
         ConfigurationError: naming an unknown funnel or a bad value.

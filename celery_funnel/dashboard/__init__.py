@@ -12,12 +12,14 @@ Its charts use uPlot (MIT licence, ``static/uPlot.LICENSE``), shipped in the pac
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from importlib import resources
 from typing import Any
 
 try:
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
+    from starlette.middleware import Middleware
     from starlette.requests import Request
     from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
     from starlette.routing import Mount, Route
@@ -30,7 +32,15 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from .._limiter.errors import ConfigurationError
 from .._ops import control
-from ._security import AUTH_COOKIE, CSRF_COOKIE, Guard, check_binding, csrf_ok, new_csrf
+from ._security import (
+    AUTH_COOKIE,
+    CSRF_COOKIE,
+    Guard,
+    HostCheck,
+    check_binding,
+    csrf_ok,
+    new_csrf,
+)
 from ._state import ConcurrencyHook, funnel_state, no_concurrency, series
 
 __all__ = ["ConcurrencyHook", "create_app", "serve"]
@@ -136,27 +146,38 @@ def create_app(
     token: str | None = None,
     basic_auth: str | None = None,
     concurrency: ConcurrencyHook = no_concurrency,
+    allowed_hosts: Iterable[str] = (),
 ) -> Starlette:
     """The dashboard of ``celery_app`` as an ASGI app. ``token`` and/or ``basic_auth``
     (``"user:password"``) protect it; mounted in your app, your own authentication
     may protect it as well. ``concurrency(app, name)``: how many tasks of funnel
     ``name`` run now (None: no concurrency limit), shown per funnel.
 
+    Without a token or basic auth it answers only requests for this machine's loopback
+    names (``Host`` ``localhost``, ``127.0.0.1``, ``[::1]``, any port), against DNS
+    rebinding; ``allowed_hosts`` adds names (without port) for an open dashboard
+    mounted in an app whose own authentication protects it.
+
     Raises:
         ConfigurationError: for a token shorter than 16 characters or a malformed
             ``basic_auth``.
     """
     check_binding("127.0.0.1", token, basic_auth)
-    views = _Views(celery_app, Guard(token, basic_auth), concurrency)
+    guard = Guard(token, basic_auth)
+    views = _Views(celery_app, guard, concurrency)
     static = StaticFiles(directory=str(resources.files(__package__).joinpath("static")))
+    # behind a token or basic auth a rebound name gains nothing: the browser sends
+    # neither to it
+    hosts = [Middleware(HostCheck, also=tuple(allowed_hosts))] if guard.open else []
     return Starlette(
+        middleware=hosts,
         routes=[
             Route("/", views.index),
             Route("/api/state", views.state),
             Route("/api/series", views.series),
             Route("/api/{action}/{name:path}", views.control, methods=["POST"]),
             Mount("/static", static, name="static"),
-        ]
+        ],
     )
 
 

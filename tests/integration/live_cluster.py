@@ -4,14 +4,18 @@ by the live-operation tests (``test_live.py``)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+import pytest
 from celery import Celery
 
 from celery_funnel.testing import CeleryWorkers, RedisServer, free_port
@@ -65,14 +69,17 @@ class Cluster:
 
 
 class Dashboard:
-    """``celery -A tests.integration.proj funnel dashboard`` on a free port, with a token
-    given by its environment variable."""
+    """``celery -A tests.integration.proj funnel dashboard`` on a free port, with ``env``
+    (the project's), and a token given by its environment variable (None: open)."""
 
-    def __init__(self, cluster: Cluster, *options: str) -> None:
+    def __init__(self, env: Mapping[str, str], *options: str, token: str | None = TOKEN) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - closed by stop()
-        env = {**os.environ, **cluster.env, "CELERY_FUNNEL_DASHBOARD_TOKEN": TOKEN}
+        env = {**os.environ, **env}
+        env.pop("CELERY_FUNNEL_DASHBOARD_TOKEN", None)
+        if token is not None:
+            env["CELERY_FUNNEL_DASHBOARD_TOKEN"] = token
         args = [
             sys.executable, "-m", "celery", "-A", "tests.integration.proj", "funnel",
             "dashboard", "--port", str(self.port), *options,
@@ -110,3 +117,29 @@ class Dashboard:
     def stop(self) -> None:
         stop(self.process)
         self._log.close()
+
+
+def chromium(*arguments: str) -> Any:
+    """A headless Chromium driven by selenium (Debian's chromium and chromium-driver),
+    started with ``arguments`` too; skipped when missing, failed under CI. The caller
+    quits it."""
+    binary, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if not (binary and driver):
+        message = "needs Debian's chromium and chromium-driver (apt-get install -y ...)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--window-size=1500,1250",
+        *arguments,
+    ):
+        options.add_argument(argument)
+    return webdriver.Chrome(service=Service(executable_path=driver), options=options)

@@ -234,6 +234,7 @@ if os.environ.get("FUNNEL_TEST_BROKER"):
         extra["funnel_park"] = False
     if os.environ.get("FUNNEL_TEST_PARK_LEASE"):
         extra["funnel_park_lease"] = float(os.environ["FUNNEL_TEST_PARK_LEASE"])
+    extra.update(json.loads(os.environ.get("FUNNEL_TEST_CONF") or "{}"))  # any more settings
     app = make_app(
         os.environ["FUNNEL_TEST_BROKER"],
         os.environ["FUNNEL_TEST_REDIS"],

@@ -466,6 +466,9 @@ def test_a_celery_worker_without_install_stops_at_start(
     assert found in logs
     assert "install(app) was never called" in logs
     assert " ready." not in logs
+    # said once, in one line: not Celery's traceback of its start-up code
+    assert "Traceback" not in logs
+    assert sum("ConfigurationError" in line for line in logs.splitlines()) == 1, logs
 
 
 @pytest.mark.redis

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ from celery_funnel._ops.live import LiveThread
 from celery_funnel._stores.park import ParkStore
 from celery_funnel.testing import peak
 from tests.integration.conftest import sample
-from tests.integration.live_cluster import ROOT, TASK, TOKEN, Cluster, Dashboard
+from tests.integration.live_cluster import ROOT, TASK, TOKEN, Cluster, Dashboard, chromium
 from tests.integration.proj import runs
 from tests.polling import wait_for
 
@@ -63,7 +62,7 @@ def code_limits_again(cluster: Cluster) -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def dashboard(cluster: Cluster) -> Iterator[Dashboard]:
-    served = Dashboard(cluster)
+    served = Dashboard(cluster.env)
     try:
         served.wait_ready()
         yield served
@@ -178,25 +177,6 @@ def test_the_dashboard_refuses_to_start_open_beyond_this_machine(cluster: Cluste
     assert done.returncode != 0
     assert "bound to '0.0.0.0'" in done.stderr
     assert "--token" in done.stderr
-
-
-def chromium() -> Any:
-    """A headless Chromium driven by selenium (Debian's chromium and chromium-driver);
-    skipped when missing, failed under CI."""
-    binary, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if not (binary and driver):
-        message = "needs Debian's chromium and chromium-driver (apt-get install -y ...)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = binary
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1500,1250"):
-        options.add_argument(argument)
-    return webdriver.Chrome(service=Service(executable_path=driver), options=options)
 
 
 def test_the_dashboard_in_a_browser_shows_charts_and_pauses_a_funnel(
