@@ -29,10 +29,11 @@ from typing import Any
 from celery import signals
 from celery._state import get_current_worker_task
 
-from .._config.options import HEADER, concurrency_of, limits_of
+from .._config.options import concurrency_of, limits_of
 from .._config.runtime import runtime_for
 from .._gate.charges import matching
 from .._gate.publish import gate_publishes
+from .._gate.state import HEADER
 
 __all__ = ["connect"]
 

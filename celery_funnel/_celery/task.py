@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 from celery import Task
 from celery.exceptions import Ignore
 
-from .._config.options import HEADER, check_call, check_class, dry_run_of, limits_of, policy_of
+from .._config.options import check_call, check_class, dry_run_of, limits_of, policy_of
 from .._config.runtime import Runtime, runtime_for
 from .._gate.fair import fair_of
 from .._gate.judge import (
@@ -35,6 +35,7 @@ from .._gate.judge import (
     requeued,
 )
 from .._gate.publish import republish
+from .._gate.state import HEADER
 from .._limiter.errors import ConfigurationError
 from .._limiter.limit import Limit, fixed
 

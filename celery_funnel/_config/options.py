@@ -16,7 +16,6 @@ from .._limiter.limit import Limit, parse_limit
 from .._limiter.values import check_fields, did_you_mean, to_bool
 from .outage import check_policy
 
-HEADER = "celery_funnel"
 OPTIONS = (
     "funnel_rate",
     "funnel_capacity",

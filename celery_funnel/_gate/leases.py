@@ -24,13 +24,13 @@ from typing import Any
 from celery import signals
 from celery.worker import state as worker_state
 
-from .._config.options import HEADER
 from .._config.runtime import runtime_for
 from .._limiter.errors import BackendError
 from .._limiter.keys import hash_tag
 from .._stores.leases import Handed, Lease, LeaseStore, Seat, header_of
 from .._stores.park import ParkStore, Release
 from .publish import publish
+from .state import HEADER
 
 __all__ = ["Leases", "connect", "leases_for"]
 

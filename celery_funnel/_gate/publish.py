@@ -17,8 +17,8 @@ from typing import Any
 
 from kombu.serialization import registry
 
-from .._config.options import HEADER
 from .._stores.park import ParkStore, Release, capture
+from .state import HEADER
 
 __all__ = [
     "gate_publishes", "gate_publishing", "message_options", "park", "publish", "republish",

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._config.options import HEADER, concurrency_of, option_of
+from .._config.options import concurrency_of, option_of
 from .._config.runtime import Runtime
 from .._limiter.concurrency import Concurrency
 from .._limiter.limit import key_part
@@ -21,6 +21,7 @@ from .charges import matching
 from .leases import Leases, connect, leases_for
 from .live import live_for
 from .overrides import concurrency_for
+from .state import HEADER
 
 __all__ = ["WAIT_SECONDS", "Seats"]
 

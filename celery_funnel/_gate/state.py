@@ -9,10 +9,11 @@ import socket
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from .._config.options import HEADER
-
 __all__ = ["HEADER", "State", "admitted_by_gate", "gate_mark", "requeued"]
 
+# the message header the gate writes and reads: this module owns it (what it carries,
+# ``State``; the gate's mark); only the gate's own publishes carry it (``_celery.outgoing``)
+HEADER = "celery_funnel"
 _HOST = socket.gethostname()  # read once: the gate marks every run it admits
 
 
