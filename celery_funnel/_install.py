@@ -8,6 +8,7 @@ from celery import signals
 
 from ._celery import outgoing as _outgoing
 from ._celery.checks import NotInstalled, check_definitions, uses_funnel
+from ._celery.secrets import mask_conf
 from ._config.runtime import runtime_for
 
 __all__ = ["install"]
@@ -16,15 +17,15 @@ __all__ = ["install"]
 def install(app: Any) -> Any:
     """Register celery-funnel with ``app`` and return it; calling it again does nothing.
 
-    Adds the consumer bootstep that checks the ``funnel_*`` settings and task options
-    at worker start (failing it with the setting's name and value) and enforces
+    Adds the consumer bootstep that checks the ``funnel_*`` settings and task options at
+    worker start (failing it with the setting's name and value) and enforces
     ``funnel_limits`` for every matching task, the one that releases parked tasks when
     they are due, and the one that reads runtime overrides (``control``) and writes the
-    dashboard's counts; checks the ``funnel_*`` options of each later
-    ``@app.task(...)`` call as it is made (``ConfigurationError`` raised from the
-    decorator line); and keeps the gate's header out of the messages a run sends
-    (``_outgoing``). Settings are read when first needed, so ``app.conf`` may be filled
-    in after this call.
+    dashboard's counts; checks the ``funnel_*`` options of each later ``@app.task(...)``
+    call as it is made (``ConfigurationError`` raised from the decorator line); keeps
+    the gate's header out of the messages a run sends (``_celery.outgoing``); and masks
+    the funnels' Redis password in ``inspect conf``. Settings are read when first
+    needed, so ``app.conf`` may be filled in after this call.
     """
     from ._celery.releaser import ReleaserStep  # noqa: PLC0415
     from ._celery.worker import FunnelGate  # noqa: PLC0415
@@ -37,6 +38,7 @@ def install(app: Any) -> Any:
         app.steps["consumer"].add(LiveStep)
         signals.celeryd_init.connect(_on_worker_init, weak=False)
         _outgoing.connect()
+        mask_conf()
         check_definitions(app)
         runtime.installed = True
     return app
