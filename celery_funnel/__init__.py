@@ -21,6 +21,7 @@ from ._limiter.errors import (
     FunnelError,
     Limited,
     TooManyDeferralsError,
+    TooManyWaitingError,
 )
 from ._limiter.guard import LimitGuard
 from ._limiter.limit import Limit
@@ -46,6 +47,7 @@ __all__ = [
     "Reservation",
     "Shape",
     "TooManyDeferralsError",
+    "TooManyWaitingError",
     "install",
 ]
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from celery import signals
 
+from ._celery import backlog as _backlog
 from ._celery import outgoing as _outgoing
 from ._celery.checks import NotInstalled, check_definitions, uses_funnel
 from ._celery.secrets import mask_conf
@@ -38,6 +39,7 @@ def install(app: Any) -> Any:
         app.steps["consumer"].add(LiveStep)
         signals.celeryd_init.connect(_on_worker_init, weak=False)
         _outgoing.connect()
+        _backlog.connect()
         mask_conf()
         check_definitions(app)
         runtime.installed = True

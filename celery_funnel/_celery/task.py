@@ -13,6 +13,7 @@ is not called: deferrals are counted in a header of their own.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
@@ -36,10 +37,13 @@ from .._gate.judge import (
 )
 from .._gate.publish import republish
 from .._gate.state import HEADER
-from .._limiter.errors import ConfigurationError
+from .._limiter.errors import BackendError, ConfigurationError
 from .._limiter.limit import Limit, fixed
+from . import backlog
 
 __all__ = ["HEADER", "FunnelTask", "limits_of"]
+
+logger = logging.getLogger("celery_funnel")
 
 
 class FunnelTask(Task):  # type: ignore[misc]
@@ -60,9 +64,11 @@ class FunnelTask(Task):  # type: ignore[misc]
     the app's setting) to run every task at once and only report the deferrals;
     ``funnel_fair_by`` (format string or callable, like ``funnel_key``) shares the
     funnel between tenants round-robin, weighted by ``funnel_weights`` (a mapping
-    tenant -> weight, or a callable; default 1), the highest priority first; and
+    tenant -> weight, or a callable; default 1), the highest priority first;
     ``funnel_concurrency`` (at most this many running at once across the workers, per
-    ``funnel_key`` when set; enforced by the worker gate with leases, see the README).
+    ``funnel_key`` when set; enforced by the worker gate with leases, see the README);
+    and ``funnel_max_waiting`` (``delay``/``apply_async`` raise ``TooManyWaitingError``
+    while this many tasks of the funnel, per ``funnel_key``, are sent and not started).
 
     Subclasses that override ``before_start`` must call ``super().before_start``.
 
@@ -82,6 +88,7 @@ class FunnelTask(Task):  # type: ignore[misc]
     funnel_fair_by: ClassVar[Any] = None
     funnel_weights: ClassVar[Any] = None
     funnel_concurrency: ClassVar[int | None] = None  # at most this many at once (worker gate)
+    funnel_max_waiting: ClassVar[int | None] = None  # sends refused while this many wait
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -89,12 +96,33 @@ class FunnelTask(Task):  # type: ignore[misc]
 
     def apply_async(self, args: Any = None, kwargs: Any = None, *more: Any, **options: Any) -> Any:
         """Celery's ``apply_async``, after refusing argument values that would make an
-        unstable funnel key (``ConfigurationError``, raised at the call)."""
+        unstable funnel key (``ConfigurationError``, raised at the call) and, with
+        ``funnel_max_waiting=N``, while N tasks of its funnel wait to start
+        (``TooManyWaitingError``: nothing is sent)."""
         check_call(self, args, kwargs)
-        return super().apply_async(args, kwargs, *more, **options)
+        backlog.enter(self, args, kwargs, options)
+        try:
+            return super().apply_async(args, kwargs, *more, **options)
+        except BaseException:
+            if options.get("task_id") is not None:  # not sent: it does not wait
+                backlog.leave(self, options["task_id"], args, kwargs)
+            raise
 
     def before_start(self, task_id: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         super().before_start(task_id, args, kwargs)
+        self._funnel_before_start(task_id, args, kwargs)
+        if self.funnel_max_waiting is not None:  # it starts: it no longer waits
+            try:
+                backlog.leave(self, task_id, args, kwargs)
+            except BackendError as error:  # its entry stops counting within the hour
+                logger.warning("celery-funnel: task %s[%s] left no backlog: %s", self.name,
+                               task_id, error)  # fmt: skip
+
+    def _funnel_before_start(
+        self, task_id: str, args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> None:
+        """The funnels' decision on a run the worker gate did not admit (eager runs
+        with ``funnel_throttle_eager``, workers without the gate)."""
         request = self.request
         runtime = runtime_for(self.app)
         if request.called_directly or (request.is_eager and not runtime.settings.throttle_eager):

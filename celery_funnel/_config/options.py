@@ -28,6 +28,7 @@ OPTIONS = (
     "funnel_fair_by",
     "funnel_weights",
     "funnel_concurrency",
+    "funnel_max_waiting",
 )
 # funnel_<field> options
 _FIELDS = ("rate", "capacity", "strategy", "key", "cost", "fair_by", "weights")
@@ -137,6 +138,25 @@ def concurrency_of(task: Any) -> int | None:
     return check_concurrency(f"task {task_name(task)!r}: funnel_concurrency", value)
 
 
+def max_waiting_of(task: Any) -> int | None:
+    """The task's ``funnel_max_waiting`` (None when unset).
+
+    Raises:
+        ConfigurationError: naming the task and the value.
+    """
+    value = option_of(task, "funnel_max_waiting")
+    if value is None:
+        return None
+    return check_max_waiting(f"task {task_name(task)!r}: funnel_max_waiting", value)
+
+
+def check_max_waiting(where: str, value: Any) -> int:
+    """A ``funnel_max_waiting`` value: a whole number from 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(f"{where} must be a whole number from 1, got {value!r}")
+    return value
+
+
 def limits_of(task: Any) -> tuple[Limit, ...]:
     """The task's limits from its ``funnel_*`` options (``task_annotations`` included).
 
@@ -191,7 +211,7 @@ def check_keys(where: str, get: Getter, params: list[str] | None) -> None:
     keys: list[tuple[str, Any]] = []
     if get("funnel_rate") is not None:
         keys = [("funnel_key", get("funnel_key")), ("funnel_fair_by", get("funnel_fair_by"))]
-    elif get("funnel_concurrency") is not None:
+    elif get("funnel_concurrency") is not None or get("funnel_max_waiting") is not None:
         keys = [("funnel_key", get("funnel_key"))]
     for i, spec in enumerate(get("funnel_limits") or ()):
         if isinstance(spec, Mapping):
@@ -211,6 +231,8 @@ def check_options(where: str, get: Getter, params: list[str] | None) -> None:
     limits_from(where, get)
     if get("funnel_concurrency") is not None:
         check_concurrency(f"{where}: funnel_concurrency", get("funnel_concurrency"))
+    if get("funnel_max_waiting") is not None:
+        check_max_waiting(f"{where}: funnel_max_waiting", get("funnel_max_waiting"))
     check_keys(where, get, params)
     if get("funnel_dry_run") is not None:
         to_bool(f"{where}: funnel_dry_run", get("funnel_dry_run"))
@@ -228,8 +250,10 @@ def check_orphans(where: str, get: Getter) -> None:
     if get("funnel_rate") is not None:
         return
     for field, default in _DEFAULTS.items():
-        if field == "key" and get("funnel_concurrency") is not None:
-            continue  # it splits the concurrency limit
+        if field == "key" and (
+            get("funnel_concurrency") is not None or get("funnel_max_waiting") is not None
+        ):
+            continue  # it splits the concurrency limit, or the backlog
         value = get(f"funnel_{field}")
         if value is not None and value != default:
             raise ConfigurationError(

@@ -14,6 +14,7 @@ __all__ = [
     "FunnelError",
     "Limited",
     "TooManyDeferralsError",
+    "TooManyWaitingError",
 ]
 
 
@@ -43,6 +44,12 @@ class CostTooHighError(FunnelError):
 
 class TooManyDeferralsError(FunnelError):
     """A task was deferred more than ``funnel_max_deferrals`` times."""
+
+
+class TooManyWaitingError(FunnelError):
+    """Raised by ``delay``/``apply_async`` of a task with ``funnel_max_waiting=N`` while
+    N of its tasks (of its ``funnel_key``) are sent and not yet started: the producer
+    should slow down. Nothing was published."""
 
 
 class BackendConfigurationError(FunnelError):
@@ -80,6 +87,6 @@ class Limited(FunnelError):  # noqa: N818  # the public name: a state, not a fau
 # stored exceptions and pickle name them so, and find them there.
 for _public in (
     FunnelError, ConfigurationError, BackendError, CostTooHighError, TooManyDeferralsError,
-    BackendConfigurationError, Limited,
+    TooManyWaitingError, BackendConfigurationError, Limited,
 ):  # fmt: skip
     _public.__module__ = "celery_funnel"

@@ -127,6 +127,12 @@ def tickets_key(key: str) -> str:
     return companion_key(key, TICKETS)
 
 
+def backlog_key(key: str) -> str:
+    """The sorted set of the tasks of funnel ``key`` sent and not yet started (task id
+    -> when it stops counting, µs): ``funnel_max_waiting``."""
+    return companion_key(key, "backlog")
+
+
 def lease_keys(key: str) -> list[str]:
     """The keys of concurrency funnel ``key``: its leases, their holders' info and its
     waiters, in ``LEASE_PARTS`` order (the order the lease scripts take them)."""

@@ -173,6 +173,11 @@ def make_app(
     # rate_limit (per worker)
     steady_rate = os.environ.get("FUNNEL_TEST_RATE", "20/s")
 
+    # producer back-pressure: sends refused while 10 wait to start
+    @funnel_task("proj.bounded", funnel_rate="2/s", funnel_max_waiting=10, ignore_result=True)
+    def bounded(self: Any, n: int = 0) -> None:
+        record(self, n)
+
     @funnel_task("proj.steady", funnel_rate=steady_rate, ignore_result=True)
     def steady(self: Any, n: int = 0) -> None:
         record(self, n)
