@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from celery import signals
+from kombu.serialization import loads
 
 from .._config.options import max_waiting_of, option_of, task_name
 from .._config.runtime import runtime_for
@@ -20,7 +21,7 @@ from .._limiter.errors import TooManyWaitingError
 from .._limiter.limit import key_part
 from .._stores.backlog import Backlog
 
-__all__ = ["connect", "enter", "leave"]
+__all__ = ["connect", "enter", "leave", "left_parked"]
 
 
 def _funnel(task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
@@ -61,6 +62,23 @@ def leave(task: Any, task_id: str, args: Any, kwargs: Any) -> None:
     """
     if max_waiting_of(task) is not None:
         _backlog(task).leave(_funnel(task, args or (), kwargs or {}), task_id)
+
+
+def left_parked(app: Any, task_id: str, message: Mapping[str, Any]) -> None:
+    """A parked task was dropped (revoked while parked): it leaves its backlog. Its
+    arguments come from the parked message's body (Celery's message protocol 2:
+    ``[args, kwargs, embed]``). Never raises."""
+    task = app.tasks.get(str((message.get("headers") or {}).get("task")))
+    if task is None or max_waiting_of(task) is None:
+        return
+    try:
+        body = loads(  # type: ignore[no-untyped-call]
+            message["body"], message["content_type"], message["content_encoding"]
+        )
+        args, kwargs = body[0], body[1]
+    except Exception:  # not protocol 2: its entry stops counting within the hour
+        return
+    _ended(task, task_id, args, kwargs)
 
 
 def _ended(task: Any, task_id: str | None, args: Any, kwargs: Any) -> None:

@@ -24,6 +24,7 @@ from .._gate.publish import publish
 from .._limiter.errors import BackendError
 from .._stores.fair import FairStore
 from .._stores.park import ParkStore, Release
+from . import backlog
 from .loop import Loop, LoopStep
 
 __all__ = ["Releaser", "ReleaserStep", "park_store"]
@@ -68,6 +69,7 @@ class Releaser(Loop):
         self.store.accept(release.task_id, release.token, drop=True)
         self.app.backend.mark_as_revoked(release.task_id, "revoked while parked")
         logger.info("celery-funnel: parked task %s was revoked: dropped", release.task_id)
+        backlog.left_parked(self.app, release.task_id, release.message)
 
     def tick(self) -> float:
         """One pass; how long to pause before the next (seconds)."""

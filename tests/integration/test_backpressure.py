@@ -75,6 +75,26 @@ def test_a_burst_past_max_waiting_is_refused_and_accepted_again_once_drained(
     once_each(standalone_url, "proj.bounded", accepted | again)
 
 
+@pytest.mark.parametrize("park_after", ["5", "0.5"], ids=["held", "parked"])
+def test_revoked_tasks_leave_the_backlog(
+    standalone_url: str, broker: RedisServer, park_after: str
+) -> None:
+    """10 accepted at 2/s (waits of up to 4.5 s: held in the workers, or parked past
+    0.5 s), the last 4 revoked at once: 6 run, the backlog empties."""
+    app = make_app(broker.url, standalone_url, task_ignore_result=True)
+    conf = f'{{"funnel_park_after": {park_after}}}'
+    try:
+        with workers(broker.url, standalone_url, 2, FUNNEL_TEST_CONF=conf):
+            ids = [app.tasks["proj.bounded"].delay(n).id for n in range(10)]
+            for task_id in ids[6:]:
+                app.control.revoke(task_id)
+            wait_for(lambda: waiting(standalone_url) == 0, 30)
+            wait_for(lambda: len(runs(standalone_url)) >= 6, 30)
+    finally:
+        close_app(app)
+    once_each(standalone_url, "proj.bounded", set(ids[:6]))
+
+
 def test_a_sigkilled_worker_does_not_wedge_the_count(
     standalone_url: str, broker: RedisServer
 ) -> None:
