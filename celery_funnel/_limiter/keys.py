@@ -75,6 +75,7 @@ _NAME = f"[{_SAFE_CHARS}~]+"
 COMPANION_MARK = "#"
 TICKETS = "tickets"
 LEASE_PARTS = ("leases", "lease-info", "waiters")
+BACKLOG = "backlog"  # the tasks sent and not yet started (funnel_max_waiting)
 LIMIT_NAME = "limit"
 _HASHED = re.compile("~[0-9a-f]{24}")
 _GLOB = re.compile(r"([*?\[\]\\])")
@@ -130,7 +131,7 @@ def tickets_key(key: str) -> str:
 def backlog_key(key: str) -> str:
     """The sorted set of the tasks of funnel ``key`` sent and not yet started (task id
     -> when it stops counting, µs): ``funnel_max_waiting``."""
-    return companion_key(key, "backlog")
+    return companion_key(key, BACKLOG)
 
 
 def lease_keys(key: str) -> list[str]:
@@ -266,8 +267,8 @@ class FunnelKey:
         return not self.rest and self.in_family(f"{LIMIT_NAME}:{_safe_name(pattern or '*')}")
 
 
-# the companions a funnel key may carry: tickets, leases, fair-share queues
-_COMPANIONS = "|".join((TICKETS, *LEASE_PARTS, "fair(?:-[a-z0-9]+)?"))
+# the companions a funnel key may carry: tickets, leases, fair-share queues, the backlog
+_COMPANIONS = "|".join((TICKETS, *LEASE_PARTS, BACKLOG, "fair(?:-[a-z0-9]+)?"))
 
 
 @lru_cache(maxsize=64)
