@@ -19,7 +19,6 @@ from .._config.runtime import runtime_for
 from .._gate.publish import gate_publishes
 from .._limiter.errors import TooManyWaitingError
 from .._limiter.limit import key_part
-from .._stores.backlog import Backlog
 
 __all__ = ["connect", "enter", "leave", "left_parked"]
 
@@ -28,10 +27,6 @@ def _funnel(task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
     """The funnel whose backlog a run of ``task`` counts in (per ``funnel_key``)."""
     part = key_part(option_of(task, "funnel_key"), task.run, args, kwargs)
     return runtime_for(task.app).task_key(task.name, part)
-
-
-def _backlog(task: Any) -> Backlog:
-    return Backlog(runtime_for(task.app).funnel.client)  # type: ignore[attr-defined]
 
 
 def enter(task: Any, args: Any, kwargs: Any, options: dict[str, Any]) -> None:
@@ -46,7 +41,9 @@ def enter(task: Any, args: Any, kwargs: Any, options: dict[str, Any]) -> None:
     if most is None or gate_publishes():
         return
     task_id = options.setdefault("task_id", str(uuid.uuid4()))
-    entered, waiting = _backlog(task).enter(_funnel(task, args or (), kwargs or {}), task_id, most)
+    entered, waiting = runtime_for(task.app).backlog.enter(
+        _funnel(task, args or (), kwargs or {}), task_id, most
+    )
     if not entered:
         raise TooManyWaitingError(
             f"task {task_name(task)!r}: {waiting} tasks of its funnel wait to start"
@@ -61,7 +58,7 @@ def leave(task: Any, task_id: str, args: Any, kwargs: Any) -> None:
         BackendError: the funnels' Redis failed.
     """
     if max_waiting_of(task) is not None:
-        _backlog(task).leave(_funnel(task, args or (), kwargs or {}), task_id)
+        runtime_for(task.app).backlog.leave(_funnel(task, args or (), kwargs or {}), task_id)
 
 
 def left_parked(app: Any, task_id: str, message: Mapping[str, Any]) -> None:

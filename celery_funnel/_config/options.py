@@ -126,16 +126,19 @@ def limits_from(where: str, get: Getter) -> tuple[Limit, ...]:
     return tuple(limits)
 
 
+def _checked(task: Any, name: str, check: Callable[[str, Any], int]) -> int | None:
+    """The task's option ``name`` through ``check`` (None when unset)."""
+    value = option_of(task, name)
+    return None if value is None else check(f"task {task_name(task)!r}: {name}", value)
+
+
 def concurrency_of(task: Any) -> int | None:
     """The task's ``funnel_concurrency`` (None when unset).
 
     Raises:
         ConfigurationError: naming the task and the value.
     """
-    value = option_of(task, "funnel_concurrency")
-    if value is None:
-        return None
-    return check_concurrency(f"task {task_name(task)!r}: funnel_concurrency", value)
+    return _checked(task, "funnel_concurrency", check_concurrency)
 
 
 def max_waiting_of(task: Any) -> int | None:
@@ -144,10 +147,7 @@ def max_waiting_of(task: Any) -> int | None:
     Raises:
         ConfigurationError: naming the task and the value.
     """
-    value = option_of(task, "funnel_max_waiting")
-    if value is None:
-        return None
-    return check_max_waiting(f"task {task_name(task)!r}: funnel_max_waiting", value)
+    return _checked(task, "funnel_max_waiting", check_max_waiting)
 
 
 def check_max_waiting(where: str, value: Any) -> int:

@@ -13,6 +13,7 @@ from .._limiter.backends.base import Funnel
 from .._limiter.backends.redis import RedisFunnel
 from .._limiter.errors import ConfigurationError
 from .._limiter.keys import limit_key, task_key
+from .._stores.backlog import Backlog
 from .._stores.check import Finding, check, report
 from .._stores.persistence import Persistence
 from .countdown import CountdownPolicy, policy_for
@@ -86,6 +87,11 @@ class Runtime:
         return Persistence(lambda: self.funnel.client, self.settings.park)  # type: ignore[attr-defined]
 
     @cached_property
+    def backlog(self) -> Backlog:
+        """The backlogs of tasks sent and not yet started (``funnel_max_waiting``)."""
+        return Backlog(self.funnel.client)  # type: ignore[attr-defined]
+
+    @cached_property
     def countdowns(self) -> CountdownPolicy:
         return policy_for(self.app.conf, self.settings.max_countdown)
 
@@ -104,6 +110,7 @@ class Runtime:
 
     def close(self) -> None:
         """Close the funnel's Redis connections, if any were made (reopened on use)."""
+        self.__dict__.pop("backlog", None)  # on the client closed here
         funnel = self.__dict__.pop("funnel", None)
         if funnel is not None:
             funnel.client.close()

@@ -18,6 +18,7 @@ from .._limiter.backends.redis import RedisFunnel
 from .._limiter.errors import BackendConfigurationError, BackendError
 from .._limiter.keys import funnel_key, tickets_key
 from .park import ParkStore
+from .persistence import aof_everywhere
 
 __all__ = ["ACL_COMMANDS", "Finding", "acl_line", "check", "report"]
 
@@ -140,7 +141,7 @@ def _eviction(client: Any) -> Finding | None:
 
 def _persistence(client: Any, parking: bool | str) -> Finding | None:
     try:
-        aof = str(_info(client, "persistence").get("aof_enabled", "0")) == "1"
+        aof = aof_everywhere(client)  # a Cluster: on every master
         save = client.config_get("save").get("save", "") if not aof else "aof"
     except Refused:
         return None  # CONFIG refused (managed Redis): nothing to say

@@ -22,7 +22,7 @@ from typing import Any
 
 from .._limiter.errors import ConfigurationError
 
-__all__ = ["RECHECK_SECONDS", "Persistence", "read_persistence"]
+__all__ = ["RECHECK_SECONDS", "Persistence", "aof_everywhere", "read_persistence"]
 
 logger = logging.getLogger("celery_funnel")
 
@@ -40,16 +40,25 @@ def _nodes(info: dict[str, Any]) -> list[dict[str, Any]]:
     return nested or [info]
 
 
+def aof_everywhere(client: Any) -> bool:
+    """Whether every node of ``client``'s Redis has an append-only file.
+
+    Raises:
+        redis.RedisError: when Redis fails or refuses INFO.
+    """
+    return all(
+        str(node.get("aof_enabled", "0")) == "1" for node in _nodes(client.info("persistence"))
+    )
+
+
 def read_persistence(client: Any) -> tuple[bool, str]:
     """Whether every node of ``client``'s Redis has AOF on, and its run id(s).
 
     Raises:
         redis.RedisError: when Redis fails or refuses INFO.
     """
-    nodes = _nodes(client.info("persistence"))
-    aof = all(str(node.get("aof_enabled", "0")) == "1" for node in nodes)
     run_id = ",".join(sorted(str(node.get("run_id", "")) for node in _nodes(client.info("server"))))
-    return aof, run_id
+    return aof_everywhere(client), run_id
 
 
 class Persistence:

@@ -14,9 +14,9 @@ from celery import Celery
 
 from celery_funnel import TooManyWaitingError
 from celery_funnel._stores.backlog import Backlog
-from celery_funnel.testing import CeleryWorkers, RedisServer
+from celery_funnel.testing import RedisServer
 from tests.integration.proj import close_app, make_app, runs
-from tests.integration.test_one_gate import ROOT, once_each
+from tests.integration.test_one_gate import once_each, workers
 from tests.polling import wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -28,13 +28,6 @@ FUNNEL = "funnel:{proj.bounded}"
 def broker() -> Iterator[RedisServer]:
     with RedisServer() as server:
         yield server
-
-
-def workers(broker_url: str, funnel_url: str, count: int, **env: str) -> CeleryWorkers:
-    base = {"FUNNEL_TEST_BROKER": broker_url, "FUNNEL_TEST_REDIS": funnel_url}
-    return CeleryWorkers(
-        "tests.integration.proj", count, {**base, **env}, "-c", "2", "-Q", "proj", cwd=ROOT
-    )
 
 
 def burst(app: Celery, count: int) -> tuple[set[str], int]:
