@@ -164,6 +164,28 @@ RESERVATION_EDGES: list[Step] = [
     (0.500001, "reserve", _res("e", True), (True, 0.0, False, 1, 0.1, True)),  # stale: booked anew
 ]
 
+# Priority: limit 1, T = 0.1 s; rank 0 most urgent. A booking takes the earliest future
+# slot of a less urgent ticket (no TAT moves: reset_after stays); the displaced ticket,
+# redeemed, finds itself gone and books again, itself displacing a less urgent one.
+RESERVATION_PRIORITY: list[Step] = [
+    (0, "reserve", _res("a", rank=9), (True, 0.0, False, 1, 0.1, False)),
+    (0, "reserve", _res("b", rank=9), (False, 0.1, True, 1, 0.2, False)),
+    (0, "reserve", _res("c", rank=9), (False, 0.2, True, 1, 0.3, False)),
+    (0, "reserve", _res("d", rank=5), (False, 0.1, True, 1, 0.3, False)),  # b's slot
+    (0, "reserve", _res("e", rank=0), (False, 0.1, True, 1, 0.3, False)),  # d's slot
+    (0, "reserve", _res("f", rank=9), (False, 0.3, True, 1, 0.4, False)),  # no less urgent
+    (0, "reserve", _res("g", rank=9), (False, 0.4, True, 1, 0.5, False)),  # the tail
+    (0, "reserve", _res("h", rank=0), (False, 0.2, True, 1, 0.5, False)),  # c's slot
+    (0.05, "reserve", _res("b", True, rank=9), (False, 0.45, True, 1, 0.55, False)),  # gone: tail
+    (0.05, "reserve", _res("d", True, rank=5), (False, 0.25, True, 1, 0.55, False)),  # f's slot
+    (0.05, "reserve", _res("e", True, rank=0), (True, 0.0, False, 1, 0.55, False)),  # redeemed
+    (0.05, "reserve", _res("x"), (False, 0.55, True, 1, 0.65, False)),  # no rank: the tail
+    (0.05, "reserve", _res("y", rank=0, max_wait=0.2), (False, 0.65, False, 1, 0.65, False)),
+    (0.05, "reserve", _res("y", rank=0), (False, 0.25, True, 1, 0.65, False)),  # d's slot again
+    (0.05, "reserve", _res("z", rank=1), (False, 0.35, True, 1, 0.65, False)),  # g's slot
+    (0.05, "reserve", _res("w", rank=1), (False, 0.45, True, 1, 0.65, False)),  # b's; x has none
+]
+
 TABLES: dict[str, list[Step]] = {
     "gcra-redis-cell": GCRA_REDIS_CELL,
     "gcra-seed-002": GCRA_SEED_002,
@@ -173,6 +195,7 @@ TABLES: dict[str, list[Step]] = {
     "sliding-window": SLIDING_WINDOW,
     "reservation": RESERVATION,
     "reservation-edges": RESERVATION_EDGES,
+    "reservation-priority": RESERVATION_PRIORITY,
 }
 
 

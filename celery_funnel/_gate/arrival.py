@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 
 from .._config.options import dry_run_of, policy_of
 from .._config.runtime import Runtime
+from .._limiter.fair import rank
 from .._stores.leases import Seat
 from .charging import Charge, FairStep
 from .judge import State, Subject, label_of
@@ -39,10 +40,12 @@ def subject_of(
     request: Any,
     own_options: Callable[[Any], bool],
     fair: FairStep | None,
+    transport: str,
 ) -> Subject:
     """The subject ``request`` is judged as: its task's own ``funnel_on_backend_error``
     and ``funnel_dry_run`` where ``own_options(task)`` (a FunnelTask), else the settings';
-    seconds until it expires; ``fair``: the fair-share step (None: none)."""
+    seconds until it expires; ``fair``: the fair-share step (None: none); its priority
+    rank in the order of the broker's ``transport`` ("redis", "amqp" ...)."""
     settings = runtime.settings
     task = request.task
     until = until_expiry(request)
@@ -52,4 +55,8 @@ def subject_of(
         dry_run = dry_run_of(task, settings.dry_run)
     else:
         policy, dry_run = settings.on_backend_error, settings.dry_run
-    return Subject(request.name, request.id, policy, dry_run, expires_in=expires_in, fair=fair)
+    priority = rank(transport, (request.delivery_info or {}).get("priority"))
+    return Subject(
+        request.name, request.id, policy, dry_run, expires_in=expires_in, fair=fair,
+        rank=priority,
+    )  # fmt: skip

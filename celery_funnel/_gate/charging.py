@@ -80,24 +80,29 @@ def lead(charges: Sequence[Charge]) -> float:
     return min(_width(charges), DEFAULT_EARLY_SECONDS, 2 * LEAD_SECONDS) / 2
 
 
+Ticket = tuple[str, "int | None"]
+"""A booking's ticket (the task id) and priority rank (None: none)."""
+
+
 def _book(
     funnel: Funnel,
     charges: Sequence[Charge],
-    ticket: str,
+    ticket: Ticket,
     state: State,
     redeem: bool,
     max_wait: float | None,
 ) -> Verdict:
     """GCRA funnels in one reservation under ``ticket``: admitted now, or a slot booked
-    in all of them, but none further than ``max_wait`` seconds away (a task that
-    expires before its slot books nothing)."""
+    in all of them (one funnel: ahead of less urgent bookings), but none further than
+    ``max_wait`` seconds away (a task that expires before its slot books nothing)."""
     shapes = [
         Shape(c.key, c.limit.capacity - 1, c.limit.rate.count, c.limit.rate.period, c.cost)
         for c in charges
     ]
     r = funnel.reserve_all(
-        shapes, ticket=ticket, redeem=redeem, late=_late(charges, state.stale), max_wait=max_wait
-    )
+        shapes, ticket=ticket[0], redeem=redeem, late=_late(charges, state.stale),
+        max_wait=max_wait, rank=ticket[1],
+    )  # fmt: skip
     return Verdict(r.admitted, max(r.delay, 0.0), r.booked, r.never, r.stale)
 
 
@@ -129,16 +134,18 @@ def _fair_first(
 def decide(
     runtime: Runtime,
     charges: Sequence[Charge],
-    ticket: str | None,
+    booking: tuple[str | None, int | None],
     state: State,
     max_wait: float | None = None,
     fair: FairStep | None = None,
     funnel: Funnel | None = None,
 ) -> tuple[Verdict, tuple[int, ...]]:
     """The verdict over every charge not yet passed, and the indexes passed after it;
-    ``max_wait``: book no slot further away (seconds; None: no bound); ``fair``: the
-    step on a fair-share charge (None: decided as any other); ``funnel``: the store to
-    decide on (None: the runtime's; ``_inflight`` passes one that records or replays).
+    ``booking``: the ticket to book under (None: admit now or refuse) and its priority
+    rank (None: none); ``max_wait``: book no slot further away (seconds; None: no
+    bound); ``fair``: the step on a fair-share charge (None: decided as any other);
+    ``funnel``: the store to decide on (None: the runtime's; ``_inflight`` passes one
+    that records or replays).
 
     Raises:
         BackendError: when the funnel's Redis fails.
@@ -150,6 +157,8 @@ def decide(
     if not pending:
         return Verdict(run=True), state.passed
     funnel = funnel or runtime.funnel
+    name, rank = booking
+    ticket = None if name is None else (name, rank)
     redeem = ticket is not None and state.booked
     if len(pending) > 1 and joint(runtime, [c for _, c in pending]):
         if ticket is not None:
@@ -177,7 +186,7 @@ def _admits(verdict: Verdict) -> bool:
 
 
 def _step(
-    charge: Charge, ticket: str | None, state: State, redeem: bool, max_wait: float | None
+    charge: Charge, ticket: Ticket | None, state: State, redeem: bool, max_wait: float | None
 ) -> Callable[[Funnel], Verdict]:
     """One charge's decision, on any store: booked under ``ticket`` (GCRA), else plain."""
     if ticket is not None and charge.limit.strategy == "gcra":

@@ -73,7 +73,7 @@ class InFlightDecisions:
         deciding twice per task (capture, then replay on the reply) cost about a sixth
         of the gate's time. The reply is still decoded by the decision replayed."""
         try:
-            key: Hashable = (tuple(charges), state, subject.policy, subject.dry_run)
+            key: Hashable = (tuple(charges), state, subject.policy, subject.dry_run, subject.rank)
             hash(key)
         except TypeError:  # an unhashable option value (a mapping): captured each time
             key = None

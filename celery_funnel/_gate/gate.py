@@ -112,7 +112,8 @@ class WorkerGate:
             # only a fair-share charge has a fair step (asking for it asks if tasks may
             # be parked, which reads the funnels' Redis now and then)
             fair = self.parking.fair_step(request.id) if any(c.fair for c in charges) else None
-            subject = subject_of(self.runtime, request, self.own_options, fair)
+            transport = self.parking.transport
+            subject = subject_of(self.runtime, request, self.own_options, fair, transport)
         except Exception as error:  # a bad option value fails its task only
             return self._fail(request, error, False)
         return self._run(Arrival(request, charges, seats, state, subject))

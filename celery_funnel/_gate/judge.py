@@ -64,7 +64,9 @@ class Subject:
     ``funnel_on_backend_error``; ``dry_run``; ``eager``: an eager run (no broker to
     defer through, so "raise" is the only outage answer besides "allow"); ``expires_in``:
     seconds until it expires, past which no slot is booked for it; ``fair``: the step
-    on a fair-share charge (the worker gate with parking on; None: an ordinary funnel)."""
+    on a fair-share charge (the worker gate with parking on; None: an ordinary funnel);
+    ``rank``: its place among the tasks waiting for a slot, the broker's priority order
+    (0 first; ``_limiter.fair.rank``), None where no priority applies (eager runs)."""
 
     name: str
     task_id: str
@@ -73,6 +75,7 @@ class Subject:
     eager: bool = False
     expires_in: float | None = None  # seconds until the task expires (None: never)
     fair: FairStep | None = None
+    rank: int | None = None
 
 
 def judge(
@@ -96,7 +99,13 @@ def judge(
     ticket = subject.task_id if reserve else None
     try:
         verdict, passed = decide(
-            runtime, charges, ticket, state, subject.expires_in, subject.fair, funnel
+            runtime,
+            charges,
+            (ticket, subject.rank),
+            state,
+            subject.expires_in,
+            subject.fair,
+            funnel,
         )
     except BackendError as error:
         return _outage(runtime, subject, state, error, label)

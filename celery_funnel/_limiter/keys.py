@@ -8,7 +8,8 @@ Every key the Celery layer writes is ``<prefix>{<funnel name>}<suffix>``:
   one slot. Names are made of ``safe_part`` text only (no braces, no ``#``);
 - ``<suffix>`` is empty, or ``:<limit index>[:<key part>]`` when a task has several
   limits (checked together in one script, so under one tag), then optionally a
-  companion mark: ``#tickets`` for the reservation tickets beside a GCRA funnel.
+  companion mark: ``#tickets`` for the reservation tickets beside a GCRA funnel and
+  ``#ranks`` for their priority ranks.
 
 Funnel names: a FunnelTask with one limit is ``<task>`` or ``<task>:<key part>``
 (every key part its own slot, so a Cluster spreads customers); with several limits the
@@ -61,6 +62,7 @@ __all__ = [
     "live_key",
     "parked_keys",
     "parse_key",
+    "ranks_key",
     "safe_part",
     "scan_pattern",
     "task_key",
@@ -74,6 +76,7 @@ _SAFE = re.compile(f"[{_SAFE_CHARS}]{{1,64}}")
 _NAME = f"[{_SAFE_CHARS}~]+"
 COMPANION_MARK = "#"
 TICKETS = "tickets"
+RANKS = "ranks"
 LEASE_PARTS = ("leases", "lease-info", "waiters")
 BACKLOG = "backlog"  # the tasks sent and not yet started (funnel_max_waiting)
 LIMIT_NAME = "limit"
@@ -126,6 +129,13 @@ def companion_key(key: str, suffix: str) -> str:
 def tickets_key(key: str) -> str:
     """Where the reservation tickets of GCRA funnel ``key`` live (a sorted set)."""
     return companion_key(key, TICKETS)
+
+
+@functools.lru_cache(maxsize=4096)
+def ranks_key(key: str) -> str:
+    """Where the priority ranks of GCRA funnel ``key``'s tickets live (a hash: ticket
+    -> rank, for the tickets a more urgent one may displace)."""
+    return companion_key(key, RANKS)
 
 
 def backlog_key(key: str) -> str:

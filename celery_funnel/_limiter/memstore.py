@@ -84,6 +84,12 @@ class MemoryStore:
     def hset(self, key: str, mapping: dict[str, str]) -> None:
         self._hash(key).update(mapping)
 
+    def hdel(self, key: str, fields: Sequence[str]) -> None:
+        value = self._live(key)
+        if isinstance(value, dict):
+            for f in fields:
+                value.pop(f, None)
+
     def _zset(self, key: str) -> dict[str, int]:
         value = self._live(key)
         if value is None:
@@ -107,9 +113,10 @@ class MemoryStore:
 
     def zremrangebyscore(
         self, key: str, high: int, *, inclusive: bool = True, count: int | None = None
-    ) -> None:
+    ) -> list[str]:
         """Remove members scored ``<= high`` (``< high`` when not inclusive); only the
-        ``count`` lowest of them when given (ZCOUNT + ZREMRANGEBYRANK)."""
+        ``count`` lowest of them when given (ZCOUNT + ZREMRANGEBYRANK). The members
+        removed."""
         zset = self._zset(key)
         doomed = sorted(
             (score, member)
@@ -118,6 +125,13 @@ class MemoryStore:
         )
         for _, member in doomed[:count]:
             del zset[member]
+        return [member for _, member in doomed[:count]]
+
+    def zrange_above(self, key: str, low: int, count: int) -> list[tuple[str, int]]:
+        """The ``count`` first (member, score) scored above ``low``, by score then
+        member (ZRANGEBYSCORE (low +inf WITHSCORES LIMIT 0 count)."""
+        found = sorted((s, m) for m, s in self._zset(key).items() if s > low)
+        return [(m, s) for s, m in found[:count]]
 
     def zscores(self, key: str) -> list[int]:
         """Every score in ascending order (what ZRANGE ... WITHSCORES walks)."""

@@ -29,6 +29,7 @@ ACL_COMMANDS = (
     "evalsha", "eval", "script|load", "ping", "time", "get", "set", "del", "pexpire",
     "hmget", "hset", "hgetall", "zadd", "zrem", "zscore", "zcard", "zcount", "zrange",
     "zremrangebyscore", "hget", "hdel", "hincrby", "hlen", "hexists", "zrangebyscore",
+    "zremrangebyrank", "exists",
     "scan", "type", "pttl", "info", "role", "config|get",
 )  # fmt: skip
 EVICTING = ("allkeys-", "volatile-")

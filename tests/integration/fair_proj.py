@@ -22,12 +22,18 @@ RUNS = "fair:runs"
 RATE = "20/s"
 
 
+def queue_options(queue: str) -> dict[str, Any]:
+    """Options of an app sending to ``queue``, a queue with priorities on AMQP brokers
+    (0-9, larger first; kombu's Redis transport orders 0-9 without them)."""
+    return {"queue": queue, "task_queue_max_priority": 10, "task_default_priority": 0}
+
+
 def make_fair_app(broker_url: str, funnel_url: str, **conf: Any) -> Celery:
     """The project's app with its fair tasks: ``fair.shared`` (20/s shared by every
     tenant), ``fair.weighted`` (20/s, tenant ``heavy`` weighs 3), ``fair.priority``
-    (20/s, one tenant) and ``fair.many`` (FUNNEL_FAIR_RATE, default 50/s, for many
-    tenants)."""
-    app = make_app(broker_url, funnel_url, queue="fair", **conf)
+    (20/s, one tenant), ``fair.many`` (FUNNEL_FAIR_RATE, default 50/s, for many
+    tenants) and ``fair.plain`` (20/s, a plain FunnelTask: no tenants)."""
+    app = make_app(broker_url, funnel_url, **{"queue": "fair", **conf})
     store = redis.Redis.from_url(funnel_url)
 
     def record(task: Any, tenant: str, n: int) -> None:
@@ -55,6 +61,10 @@ def make_fair_app(broker_url: str, funnel_url: str, **conf: Any) -> Celery:
     def prioritized(self: Any, tenant: str, n: int = 0) -> None:
         record(self, tenant, n)
 
+    @app.task(shared=False, name="fair.plain", bind=True, base=FunnelTask, funnel_rate=RATE)
+    def plain(self: Any, tenant: str, n: int = 0) -> None:
+        record(self, tenant, n)
+
     @fair_task("fair.many", funnel_rate=os.environ.get("FUNNEL_FAIR_RATE", "50/s"))
     def many(self: Any, tenant: str, n: int = 0) -> None:
         record(self, tenant, n)
@@ -70,4 +80,7 @@ def fair_runs(funnel_url: str, task: str) -> list[dict[str, Any]]:
 
 
 if os.environ.get("FUNNEL_TEST_BROKER"):
-    app = make_fair_app(os.environ["FUNNEL_TEST_BROKER"], os.environ["FUNNEL_TEST_REDIS"])
+    app = make_fair_app(
+        os.environ["FUNNEL_TEST_BROKER"], os.environ["FUNNEL_TEST_REDIS"],
+        **queue_options(os.environ.get("FUNNEL_TEST_QUEUE", "fair")),
+    )  # fmt: skip

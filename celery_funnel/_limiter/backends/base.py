@@ -109,6 +109,7 @@ class Funnel(ABC):
         early: float | None = None,
         late: float | None = None,
         now: float | None = None,
+        rank: int | None = None,
     ) -> Reservation:
         """Take ``quantity`` units from the GCRA funnel ``key`` now, or book the next
         slot where they fit and return the delay until it.
@@ -118,11 +119,18 @@ class Funnel(ABC):
         width, at most 0.05 s) until ``late`` seconds after it (default: one slot's
         width, ``quantity * period / count``); before that it is told the remaining
         delay, after it the ticket is dropped and a new slot is booked. ``max_wait``
-        (seconds) refuses to book further ahead than that.
+        (seconds) refuses to book further ahead than that. ``rank`` (0 most urgent ..
+        255, None for none) is the booking's priority: a ticket takes the earliest future
+        slot booked by a less urgent ticket instead of the tail; the displaced ticket,
+        when redeemed, books anew at the tail.
+
+        Raises:
+            ConfigurationError: for an argument out of range (nothing is sent).
         """
         return self.reserve_all(
             [Shape(key, max_burst, count, period, quantity)],
             ticket=ticket, redeem=redeem, max_wait=max_wait, early=early, late=late, now=now,
+            rank=rank,
         )  # fmt: skip
 
     def reserve_all(
@@ -135,16 +143,19 @@ class Funnel(ABC):
         early: float | None = None,
         late: float | None = None,
         now: float | None = None,
+        rank: int | None = None,
     ) -> Reservation:
         """``reserve`` across several GCRA funnels at once, all or nothing: the slot is
         the earliest time at which every funnel admits its ``Shape``'s quantity, and
         each funnel is charged as if the request arrived then. ``max_wait=0`` admits now
         or refuses without booking. The keys must share one Redis Cluster hash slot;
         the tickets live beside the first. ``limit`` in the answer is the first funnel's.
+        ``rank`` displaces less urgent tickets with one funnel only (a joint booking's
+        slot is where every funnel admits: no single ticket's slot is one).
         """
         return reservation.reserve_all(
             self._eval, funnels, ticket=ticket, redeem=redeem, max_wait=max_wait,
-            early=early, late=late, now=now,
+            early=early, late=late, now=now, rank=rank,
         )  # fmt: skip
 
     def hold(

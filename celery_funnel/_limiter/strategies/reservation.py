@@ -11,6 +11,13 @@ bunch the next booking onto the one above it: a hypothesis simulation found exac
 
 A caller that is always later than ``late`` would book anew for ever behind a backlog;
 callers widen ``late`` each time a ticket goes stale (the Celery layer doubles it).
+
+A booking may carry a priority ``rank`` (0 most urgent, as the broker orders messages).
+On one funnel, a ticket of rank r takes the earliest future slot of a ticket of a rank
+above r instead of the tail; the displaced ticket finds itself gone when it comes back
+and books anew at the tail. No TAT moves, so the rate stays exact: each slot was paid
+once, when it was first booked. Tickets of rank 0, and tickets booked without a rank or
+jointly on several funnels, are never displaced.
 """
 
 from __future__ import annotations
@@ -20,15 +27,17 @@ from dataclasses import dataclass
 
 from ..decision import Reservation
 from ..errors import ConfigurationError
-from ..keys import tickets_key
+from ..keys import ranks_key, tickets_key
 from ..memstore import MemoryStore
 from ..scripts import Arg, Eval, Reply, Script, clock_arg, parse_now
 from ._common import US, check_int, check_key, now_us, seconds
 from .gcra import shape
 
 ADMITTED, BOOKED, TOO_FAR, NEVER = 0, 1, 2, 3
-# Stale tickets swept per booking, at most: bounded work per call (each booking adds one).
+# Stale tickets swept, and booked tickets looked through for a less urgent one, per
+# booking at most: bounded work per call (each booking adds one ticket).
 SWEEP = 100
+LEAST_URGENT = 255  # the highest rank: it displaces nobody
 # Early arrivals are honoured at most this soon before their slot by default:
 # enough for timer jitter, small enough not to bunch fast funnels.
 DEFAULT_EARLY_SECONDS = 0.05
@@ -38,20 +47,21 @@ def _twin(store: MemoryStore, keys: Sequence[str], argv: Sequence[Arg]) -> Reply
     now = parse_now(argv[0], store)
     ticket, redeem = str(argv[1]), str(argv[2]) == "1"
     early, late, max_wait = int(argv[3]), int(argv[4]), int(argv[5])
-    tats, incs, taus = [], [], []
-    for i, key in enumerate(keys[1:]):
-        stored = store.get(key)
-        tats.append(max(int(stored) if stored is not None else now, now))
-        incs.append(int(argv[6 + 2 * i]))
-        taus.append(int(argv[7 + 2 * i]))
+    rank = None if argv[6] == "" else int(argv[6])
+    tickets, ranks, funnels = keys[0], keys[1], keys[2:]
+    tats = [max(int(store.get(key) or now), now) for key in funnels]
+    incs = [int(argv[7 + 2 * i]) for i in range(len(funnels))]
+    taus = [int(argv[8 + 2 * i]) for i in range(len(funnels))]
+    bound = int(argv[7 + 2 * len(funnels)])
     slot = max([now, *(tat + inc - tau for tat, inc, tau in zip(tats, incs, taus, strict=True))])
     latest, stale = max([now, *tats]), 0
     if redeem:
-        booked = store.zscore(keys[0], ticket)
+        booked = store.zscore(tickets, ticket)
         if booked is not None:
             if now < booked - early:
                 return [BOOKED, booked - now, latest - now, 0]
-            store.zrem(keys[0], ticket)
+            store.zrem(tickets, ticket)
+            store.hdel(ranks, [ticket])
             if now <= booked + late:
                 return [ADMITTED, 0, latest - now, 0]
             stale = 1
@@ -61,20 +71,68 @@ def _twin(store: MemoryStore, keys: Sequence[str], argv: Sequence[Arg]) -> Reply
     if any(inc > tau for inc, tau in zip(incs, taus, strict=True)):
         return [NEVER, -1, latest - now, stale]
     delay = slot - now
+    urgent = rank is not None and rank < LEAST_URGENT and len(tats) == 1
+    taken = None
+    if delay > 0 and ticket and urgent:
+        taken = _displace(store, (tickets, ranks), ticket, rank or 0, (now, max_wait, bound))
+    if taken is not None:
+        return [BOOKED, taken - now, latest - now, stale]
     if delay > 0 and 0 <= max_wait < delay:
         return [TOO_FAR, delay, latest - now, stale]
     latest = now
-    for key, tat, inc in zip(keys[1:], tats, incs, strict=True):
+    for key, tat, inc in zip(funnels, tats, incs, strict=True):
         new_tat = max(tat, slot) + inc
         store.set_px(key, str(new_tat), -(-(new_tat - now) // 1000))
         latest = max(latest, new_tat)
     if delay <= 0:
         return [ADMITTED, 0, latest - now, stale]
     if ticket:
-        store.zremrangebyscore(keys[0], now - late, inclusive=False, count=int(argv[-1]))
-        store.zadd(keys[0], {ticket: slot})
-        store.pexpire(keys[0], -(-(delay + late) // 1000) + 1)
+        rank_ = rank if len(tats) == 1 else None
+        _ticket(store, (tickets, ranks), (ticket, rank_, slot), (now, late, bound))
     return [BOOKED, delay, latest - now, stale]
+
+
+def _ticket(
+    store: MemoryStore, keys: tuple[str, str], booking: tuple[str, int | None, int],
+    times: tuple[int, int, int],
+) -> None:  # fmt: skip
+    """Book ``booking`` (ticket, rank, slot µs) after sweeping stale tickets; ``times``:
+    now, late grace (µs) and the sweep's bound."""
+    tickets, ranks = keys
+    ticket, rank, slot = booking
+    now, late, bound = times
+    store.hdel(ranks, store.zremrangebyscore(tickets, now - late, inclusive=False, count=bound))
+    if store.zcard(tickets) == 0:
+        store.delete(ranks)
+    store.zadd(tickets, {ticket: slot})
+    ttl = -(-(slot - now + late) // 1000) + 1
+    store.pexpire(tickets, ttl)
+    if rank:
+        store.hset(ranks, {ticket: str(rank)})
+        store.pexpire(ranks, ttl)
+
+
+def _displace(
+    store: MemoryStore, keys: tuple[str, str], ticket: str, rank: int,
+    limits: tuple[int, int, int],
+) -> int | None:  # fmt: skip
+    """Give ``ticket`` the earliest future slot of a less urgent ticket (its slot), or
+    None; ``limits``: now, max wait (µs, -1 none) and how many tickets to look at."""
+    tickets, ranks = keys
+    now, max_wait, bound = limits
+    if max_wait == 0 or not store.hgetall(ranks):
+        return None
+    ahead = store.zrange_above(tickets, now, bound)
+    others = store.hmget(ranks, [member for member, _ in ahead])
+    for (other, at), other_rank in zip(ahead, others, strict=True):
+        if int(other_rank or 0) > rank and (max_wait < 0 or at - now <= max_wait):
+            store.zrem(tickets, other)
+            store.hdel(ranks, [other])
+            store.zadd(tickets, {ticket: at})
+            if rank:
+                store.hset(ranks, {ticket: str(rank)})
+            return at
+    return None
 
 
 SCRIPT = Script.load("reserve", _twin, admitted="r[1] == 0")
@@ -86,6 +144,12 @@ def _grace_us(name: str, value: float | None, default_us: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e9:
         raise ConfigurationError(f"{name} must be a non-negative number of seconds, got {value!r}")
     return round(value * US)
+
+
+def _rank(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= LEAST_URGENT:
+        raise ConfigurationError(f"rank must be an integer from 0 to {LEAST_URGENT}, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +173,7 @@ def reserve_all(
     early: float | None,
     late: float | None,
     now: float | None,
+    rank: int | None = None,
 ) -> Reservation:
     """One joint reservation through ``run``; see ``Funnel.reserve_all``."""
     if not funnels:
@@ -128,9 +193,11 @@ def reserve_all(
         _grace_us("early", early, min(widest, round(DEFAULT_EARLY_SECONDS * US))),
         _grace_us("late", late, widest),
         -1 if max_wait is None else _grace_us("max_wait", max_wait, -1),
+        "" if rank is None else _rank(rank),
         *pairs, SWEEP,
     ]  # fmt: skip
-    keys = [tickets_key(funnels[0].key), *(f.key for f in funnels)]
+    first = funnels[0].key
+    keys = [tickets_key(first), ranks_key(first), *(f.key for f in funnels)]
     status, delay_us, reset_us, stale = run(SCRIPT, keys, args)
     return Reservation(
         admitted=status == ADMITTED,
