@@ -102,14 +102,15 @@ class Seats:
         leases.hand_on(promoted)
         return lease
 
-    def queue(self, request: Any, seats: Sequence[Seat]) -> None:
-        """``request`` was parked: queue it for a slot (it may get one at once).
+    def queue(self, request: Any, seats: Sequence[Seat], rank: int = 0) -> None:
+        """``request`` was parked: queue it for a slot (it may get one at once), behind
+        the waiters of its priority ``rank`` (the broker's order, 0 first).
 
         Raises:
             BackendError: when Redis fails.
         """
         leases = self.leases
-        leases.hand_on(leases.store.enqueue(seats, request.id))
+        leases.hand_on(leases.store.enqueue(seats, request.id, rank))
 
     def started(self, lease: Lease, request: Any) -> None:
         """The run of ``request`` holding ``lease`` goes to the pool: renew it until

@@ -85,7 +85,7 @@ class Slots:
         if not self.waits.park(arrival, step, label):
             return  # held, to try again shortly
         try:
-            self.seats.queue(request, arrival.seats)
+            self.seats.queue(request, arrival.seats, arrival.subject.rank or 0)
         except BackendError as error:  # parked but not queued: released within the hour
             logger.warning(
                 "celery-funnel: task %s[%s] parked for a slot, but not queued (%r): it is"

@@ -19,13 +19,14 @@ worker-wide ``funnel_limits`` entry is ``limit:<pattern>``, or
 
 A concurrency limit (``_leases``) keeps its slots beside its funnel's key, in the
 same slot: ``#leases`` (task id -> end of its lease), ``#lease-info`` (who holds each
-slot) and ``#waiters`` (the parked tasks waiting for a slot, in arrival order).
+slot) and ``#waiters`` (the parked tasks waiting for a slot, the broker's priority
+first, then arrival).
 
 Parked tasks (``_park``) share one tag of their own, ``{~parked}`` (no funnel name
 starts with ``~``): ``<prefix>{~parked}#due``, ``#entries``, ``#claims``, ``#leases``,
 ``#accepted``, ``#accepted-at``, ``#labels``, ``#counts`` and ``#fair`` (the
 fair-share funnels with waiting tasks). A fair-share funnel's companions are
-``#fair``, ``#fair-q``, ``#fair-ids``, ``#fair-meta`` and ``#fair-r0..2``
+``#fair``, ``#fair-q``, ``#fair-ids``, ``#fair-meta``, ``#fair-r0..2`` and ``#fair-heads``
 (``_fair_store``). Parked tasks are tasks, not
 funnel state: ``parse_key`` does not take them, so ``reset`` never deletes them
 (``purge`` does).
@@ -192,7 +193,9 @@ PARKED_PARTS = (
 )  # fmt: skip
 FAIR_REGISTRY = "fair"  # beside them: the fair-share funnels with waiting tasks
 # the companions of a fair-share funnel (_fair_store): tenants, queue, ids, meta, rates
-FAIR_PARTS = ("fair", "fair-q", "fair-ids", "fair-meta", "fair-r0", "fair-r1", "fair-r2")
+FAIR_PARTS = (
+    "fair", "fair-q", "fair-ids", "fair-meta", "fair-r0", "fair-r1", "fair-r2", "fair-heads",
+)  # fmt: skip
 
 
 def fair_keys(key: str) -> list[str]:

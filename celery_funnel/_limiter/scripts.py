@@ -1,7 +1,10 @@
-"""Lua scripts shipped as package files, each paired with its Python twin.
+"""Lua scripts shipped as package files, each paired with its Python twin: the one
+loader of the package's Lua.
 
-A ``Script`` is loaded once per process (``importlib.resources``); the Redis backend
-runs its source with EVALSHA, the memory backend runs its twin against a ``MemoryStore``.
+A ``Script`` is loaded once per process (``importlib.resources``), where its caller is
+defined; the Redis backend and the stores run its source with EVALSHA (``run_script``),
+the memory backend runs its twin against a ``MemoryStore``. Scripts of the Redis stores
+(parked tasks, leases, fair queues) have no twin: they run on Redis only.
 """
 
 from __future__ import annotations
@@ -30,17 +33,25 @@ class Script:
     name: str
     source: str
     sha: str
-    twin: Twin = field(repr=False, compare=False)
+    twin: Twin | None = field(default=None, repr=False, compare=False)
     admitted: str | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def load(cls, name: str, twin: Twin, admitted: str | None = None) -> Script:
-        """Read ``celery_funnel/lua/<name>.lua`` from the installed package, after the
-        shared prelude ``_clock.lua`` (the clock every script uses)."""
-        return cls.build(name, _read("_clock") + _read(name), twin, admitted)
+    def load(
+        cls,
+        name: str,
+        twin: Twin | None = None,
+        admitted: str | None = None,
+        prelude: Sequence[str] = ("_clock",),
+    ) -> Script:
+        """Read ``celery_funnel/lua/<name>.lua`` from the installed package, after its
+        ``prelude`` files (by default ``_clock.lua``, the clock every script uses)."""
+        return cls.build(name, source(*prelude, name), twin, admitted)
 
     @classmethod
-    def build(cls, name: str, source: str, twin: Twin, admitted: str | None = None) -> Script:
+    def build(
+        cls, name: str, source: str, twin: Twin | None = None, admitted: str | None = None
+    ) -> Script:
         """A script of ``source`` text (its SHA1 computed)."""
         return cls(name, source, hashlib.sha1(source.encode("utf-8")).hexdigest(), twin, admitted)
 
@@ -54,6 +65,11 @@ def _read(name: str) -> str:
     return (
         resources.files("celery_funnel").joinpath("lua").joinpath(f"{name}.lua").read_text("utf-8")
     )
+
+
+def source(*names: str) -> str:
+    """The text of ``celery_funnel/lua/<name>.lua`` for each of ``names``, in order."""
+    return "".join(_read(name) for name in names)
 
 
 Eval = Callable[[Script, Sequence[str], Sequence[Arg]], Reply]

@@ -15,10 +15,11 @@ from .._celery.task import FunnelTask
 from .._config.options import concurrency_of, limits_of
 from .._config.runtime import Runtime, runtime_for
 from .._gate.overrides import Override, parse_ttl
+from .._limiter.backends.redis import run_script
 from .._limiter.errors import ConfigurationError
-from .._limiter.keys import FunnelKey, live_key, parse_key, tickets_key
+from .._limiter.keys import FunnelKey, live_key, parse_key, ranks_key, tickets_key
 from .._limiter.limit import Limit
-from .._limiter.scripts import _read
+from .._limiter.scripts import Script
 from .._limiter.strategies.gcra import funnel_shape
 from .._limiter.values import did_you_mean
 from .._stores.park import ParkStore
@@ -30,6 +31,7 @@ __all__ = [
 ]  # fmt: skip
 
 LIMIT_PREFIX = "limit:"
+REBASE = Script.load("rebase")  # a funnel whose limit changed: lua/rebase.lua
 
 
 def funnel_names(app: Any) -> list[str]:
@@ -243,12 +245,12 @@ def rebase(app: Any, name: str, override: Override | None) -> int:
     Returns how many bookings were dropped."""
     runtime = runtime_for(app)
     client = runtime.funnel.client  # type: ignore[attr-defined]
-    script = client.register_script(_read("_clock") + _read("rebase"))
     dropped = 0
     for key, limit in _gcra_funnels(runtime, name):
         new = limit if override is None else override.limit(limit)
         _, _, tau = funnel_shape(new.capacity - 1, new.rate.count, new.rate.period)
-        dropped += int(script(keys=[key, tickets_key(key)], args=[tau, ""])[0])
+        keys = [key, tickets_key(key), ranks_key(key)]
+        dropped += int(run_script(client, REBASE, keys, [tau, ""])[0])
     release_parked(app, name)
     return dropped
 

@@ -6,9 +6,10 @@ The worker gate takes every slot a task needs in one atomic step, before the tas
 reaches the pool; the run gives them back when it ends, by task id and token (twice is
 harmless); the worker renews the leases it holds in one call per interval; a lease not
 renewed (its worker died) runs out, and the next script that touches the funnel frees
-it. A task refused a slot is parked (``_park``) with no release time and queued in
-arrival order (``#waiters``): a freed slot is handed to the oldest waiter in the same
-script, and the process that freed it publishes the waiter at once (``hand_on``).
+it. A task refused a slot is parked (``_park``) with no release time and queued
+(``#waiters``: the broker's priority first, then arrival): a freed slot is handed to
+the first waiter in the same script, and the process that freed it publishes the
+waiter at once (``hand_on``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from .._limiter.backends.redis import run_script
 from .._limiter.errors import BackendError
 from .._limiter.keys import lease_keys, parked_keys
 from .park import Release, decode_message
@@ -144,10 +146,13 @@ class LeaseStore(RedisStore):
         lease = Lease(task_id, token, tuple(seats)) if int(reply[0]) else None
         return lease, _handed(seats, reply[2:])
 
-    def enqueue(self, seats: Sequence[Seat], task_id: str) -> list[Handed]:
-        """Queue parked ``task_id`` for a slot in ``seats``; the waiters handed one."""
+    def enqueue(self, seats: Sequence[Seat], task_id: str, rank: int = 0) -> list[Handed]:
+        """Queue parked ``task_id`` for a slot in ``seats``, behind the waiters of its
+        priority ``rank`` (0 first, 0..255) and ahead of less urgent ones; the waiters
+        handed a slot."""
         keys, counts = _keys_and_counts(seats)
-        return _handed(seats, self._script(self._enqueue, keys, task_id, self.ttl_us, *counts))
+        args = (task_id, self.ttl_us, rank, *counts)
+        return _handed(seats, self._script(self._enqueue, keys, *args))
 
     def release(self, seats: Sequence[Seat], task_id: str, token: str) -> tuple[int, list[Handed]]:
         """Give back the slots ``task_id`` holds under ``token`` ("": a slot handed to
@@ -181,7 +186,7 @@ class LeaseStore(RedisStore):
         token = uuid.uuid4().hex
         args = [round(lease * US), token, *task_ids]
         try:
-            reply = self._wake(keys=self.parked, args=args)
+            reply = run_script(self.client, self._wake, self.parked, args)
         except RedisError as exc:
             raise BackendError(f"Redis failed on the parked tasks: {exc}") from exc
         count = int(reply[0])

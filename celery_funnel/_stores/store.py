@@ -1,23 +1,32 @@
-"""What the stores of the funnels' Redis share (parked tasks ``_park``, concurrency slots
-``_leases``, fair-share queues ``_fair_store``): scripts registered once from the package's
-Lua files, and every script or command run with a Redis failure raised as ``BackendError``
-naming the store."""
+"""What the stores of the funnels' Redis share (parked tasks ``park``, concurrency slots
+``leases``, fair-share queues ``fair``, the backlog): scripts loaded once from the
+package's Lua files by the one loader (``_limiter.scripts``), and every script or command
+run with a Redis failure raised as ``BackendError`` naming the store."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from redis.exceptions import RedisError
 
+from .._limiter.backends.redis import run_script
 from .._limiter.errors import BackendError
-from .._limiter.scripts import _read
+from .._limiter.scripts import Script
 
-__all__ = ["RedisStore", "text"]
+__all__ = ["RedisStore", "script_of", "text"]
 
 
 def text(value: Any) -> str:
     """A reply item as text (redis-py gives bytes unless it decodes)."""
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@functools.cache
+def script_of(*names: str) -> Script:
+    """The script of the last of ``names``, after the others (its preludes): loaded once
+    per process."""
+    return Script.load(names[-1], prelude=names[:-1])
 
 
 class RedisStore:
@@ -28,13 +37,13 @@ class RedisStore:
     def __init__(self, client: Any) -> None:
         self.client = client
 
-    def _register(self, *names: str) -> Any:
+    def _register(self, *names: str) -> Script:
         """The script made of ``celery_funnel/lua/<name>.lua`` files, preludes first."""
-        return self.client.register_script("".join(_read(name) for name in names))
+        return script_of(*names)
 
-    def _script(self, script: Any, keys: list[str], *args: Any) -> list[Any]:
+    def _script(self, script: Script, keys: list[str], *args: Any) -> list[Any]:
         try:
-            reply = script(keys=keys, args=list(args))
+            reply = run_script(self.client, script, keys, args)
         except RedisError as exc:
             raise BackendError(f"Redis failed on {self.what}: {exc}") from exc
         return reply if isinstance(reply, list) else [reply]

@@ -1,6 +1,6 @@
 -- _fair.lua: prepended (after _clock.lua) to every fair-share script (fair_*.lua) by
 -- _fair_store.py.
--- KEYS (all nine, always in this order; one hash tag: the funnel's):
+-- KEYS (all ten, always in this order; one hash tag: the funnel's):
 --   funnel   string      the GCRA funnel's TAT (µs), shared with gcra.lua/reserve.lua
 --   tickets  sorted set  task id -> booked slot (µs), shared with reserve.lua
 --   tenants  sorted set  tenant -> pass (virtual time) of the tenants with waiting tasks
@@ -11,7 +11,9 @@
 --                        "w:<tenant>" (weight, when not 1)
 --   rate0..2 hashes      admissions per tenant in one second ("@" = which second),
 --                        the second's number mod 3
+--   heads    sorted set  tenant -> priority rank of its first waiting task
 local funnel, tickets, tenants, queue, ids, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local heads = KEYS[10]
 
 -- count one admission of `tenant` in the second holding `at` (µs)
 local function count(tenant, at)
@@ -29,4 +31,41 @@ end
 local function first_of(tenant)
   local found = redis.call('ZRANGEBYLEX', queue, '[' .. tenant .. '\0', '(' .. tenant .. '\1', 'LIMIT', 0, 1)
   return found[1]
+end
+
+-- `tenant`'s entry in heads: the rank of its first waiting task (none: no entry)
+local function set_head(tenant)
+  local first = first_of(tenant)
+  if first then
+    local rank = tonumber(string.match(first, '^[^%z]*%z(%x%x)'), 16)
+    redis.call('ZADD', heads, rank, tenant)
+  else
+    redis.call('ZREM', heads, tenant)
+  end
+end
+
+-- the tenant served next and its pass: the most urgent first task first (the broker's
+-- priority), then the lowest pass (fair share); among the `scan` lowest passes, else
+-- any tenant of that rank. nil when no tenant waits.
+local function next_tenant(scan)
+  local head = redis.call('ZRANGE', tenants, 0, scan - 1, 'WITHSCORES')
+  if not head[1] then
+    return nil
+  end
+  local top = redis.call('ZRANGE', heads, 0, 0, 'WITHSCORES')
+  if not top[1] then
+    return head[1], tonumber(head[2])
+  end
+  local urgent = tonumber(top[2])
+  for j = 1, #head, 2 do
+    if tonumber(redis.call('ZSCORE', heads, head[j])) == urgent then
+      return head[j], tonumber(head[j + 1])
+    end
+  end
+  local pass = tonumber(redis.call('ZSCORE', tenants, top[1]))
+  if pass then
+    return top[1], pass
+  end
+  redis.call('ZREM', heads, top[1])  -- not expected; keep the sets consistent
+  return head[1], tonumber(head[2])
 end

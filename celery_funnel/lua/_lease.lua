@@ -3,7 +3,9 @@
 --   holders  sorted set  task id -> end of its lease (integer µs since the epoch)
 --   info     hash        task id -> "<token>|<worker>|<started µs>" for a running task,
 --                        "" for a slot handed to a parked waiter not yet arrived
---   waiters  sorted set  task id -> arrival (µs): parked tasks waiting for a slot
+--   waiters  sorted set  task id -> rank * 10^13 + arrival (ms): parked tasks waiting
+--                        for a slot, the broker's priority first (rank 0..255), then
+--                        arrival (exact in a double: below 2^53)
 -- Units: µs from the server's TIME; ttl in µs; n = the funnel's concurrency.
 
 local function server_now()
@@ -23,7 +25,8 @@ local function expire(holders, info, now)
   end
 end
 
--- free slots of funnel number `at` go to its oldest waiters, in arrival order: each
+-- free slots of funnel number `at` go to its first waiters, the most urgent then the
+-- oldest: each
 -- gets its slot (held for ttl until it arrives) and is returned, to be published at
 -- once. Waiters holding a slot already number at most n: 2n entries are read at most.
 local function promote(at, holders, info, waiters, n, now, ttl)

@@ -1,6 +1,6 @@
 -- fair_admit.lua: the gate's step for a task on a fair funnel.
 --
--- KEYS     the nine of _fair.lua
+-- KEYS     the ten of _fair.lua
 -- ARGV[1]  now in microseconds since the epoch, or "" to use the server's TIME
 -- ARGV[2]  task id (its ticket, when the dispatcher booked it a slot)
 -- ARGV[3]  increment = T * cost, µs

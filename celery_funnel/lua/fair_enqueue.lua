@@ -1,6 +1,6 @@
 -- fair_enqueue.lua: a task of a fair funnel joins its tenant's waiting queue.
 --
--- KEYS     the nine of _fair.lua
+-- KEYS     the ten of _fair.lua
 -- ARGV[1]  task id
 -- ARGV[2]  tenant
 -- ARGV[3]  the tenant's weight (> 0)
@@ -24,6 +24,7 @@ local member = tenant .. '\0' .. string.format('%02x%012x', tonumber(ARGV[4]), s
   .. '\0' .. ARGV[5] .. '\0' .. id
 redis.call('ZADD', queue, 0, member)
 redis.call('HSET', ids, id, member)
+set_head(tenant)
 redis.call('HSET', meta, 'T', ARGV[7], 'tau', ARGV[8])
 if ARGV[3] ~= '1' then
   redis.call('HSET', meta, 'w:' .. tenant, ARGV[3])

@@ -1,7 +1,7 @@
 -- fair_forget.lua: tasks that no longer wait parked (purged, or released by hand)
 -- leave their tenant's queue, so that no slot is handed to them.
 --
--- KEYS       the nine of _fair.lua
+-- KEYS       the ten of _fair.lua
 -- ARGV[1..]  task ids
 -- Reply      how many of them were waiting in this funnel's queues
 
@@ -13,6 +13,7 @@ for _, id in ipairs(ARGV) do
     redis.call('HDEL', ids, id)
     count = count + 1
     local tenant = string.match(member, '^([^%z]*)%z')
+    set_head(tenant)
     if not first_of(tenant) then
       redis.call('ZREM', tenants, tenant)
       redis.call('HDEL', meta, 'w:' .. tenant)
@@ -20,6 +21,6 @@ for _, id in ipairs(ARGV) do
   end
 end
 if count > 0 and redis.call('ZCARD', tenants) == 0 then
-  redis.call('DEL', meta)
+  redis.call('DEL', meta, heads)
 end
 return count

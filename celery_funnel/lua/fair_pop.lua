@@ -2,16 +2,18 @@
 -- one tenant at a time by weighted round-robin (stride scheduling), and books each
 -- slot in the GCRA funnel under the task's id (its ticket: fair_admit.lua admits it).
 --
--- KEYS     the nine of _fair.lua
+-- KEYS     the ten of _fair.lua
 -- ARGV[1]  now in microseconds since the epoch, or "" to use the server's TIME
 -- ARGV[2]  horizon, µs: book slots up to this far ahead only (a tenant arriving
 --          later waits behind at most this much)
 -- ARGV[3]  at most this many tasks per call
 -- ARGV[4]  late grace, µs (how long a ticket lives past its slot)
 -- Reply    {tenants still waiting, now µs, id1, slot1 µs, id2, slot2, ...}
--- Each pick: the tenant with the lowest pass (ties: by name), its first task (highest
--- priority, then oldest); the tenant's pass then grows by cost / weight. O(log n) per
--- task in the number of waiting tasks and tenants. A tenant whose queue empties is
+-- Each pick: the tenant whose first task is the most urgent (the broker's priority),
+-- among those the one with the lowest pass (ties: by name), and its first task (the
+-- most urgent, then the oldest); the tenant's pass then grows by cost / weight.
+-- O(log n) per task in the number of waiting tasks and tenants when the lowest pass
+-- holds the most urgent task; else up to SCAN tenants are looked at. A tenant whose queue empties is
 -- forgotten (its pass and weight); the funnel's state goes when no tenant waits.
 
 local now = now_us(ARGV[1])
@@ -26,16 +28,17 @@ local tat = tonumber(redis.call('GET', funnel)) or now
 if tat < now then
   tat = now
 end
+local SCAN = 100
 local booked = 0
 while booked < limit do
-  local head = redis.call('ZRANGE', tenants, 0, 0, 'WITHSCORES')
-  if not head[1] then
+  local tenant, pass = next_tenant(SCAN)
+  if not tenant then
     break
   end
-  local tenant, pass = head[1], tonumber(head[2])
   local member = first_of(tenant)
   if not member then  -- not expected; keep the set consistent
     redis.call('ZREM', tenants, tenant)
+    redis.call('ZREM', heads, tenant)
   else
     local _, _, cost, id = string.find(member, '^[^%z]*%z[^%z]*%z([^%z]*)%z(.*)$')
     local inc = t * tonumber(cost)
@@ -48,6 +51,7 @@ while booked < limit do
     redis.call('HDEL', ids, id)
     redis.call('ZADD', tickets, string.format('%.0f', slot), id)
     redis.call('HSET', meta, 'vt', pass)
+    set_head(tenant)
     if first_of(tenant) then
       local weight = tonumber(redis.call('HGET', meta, 'w:' .. tenant)) or 1
       redis.call('ZADD', tenants, pass + tonumber(cost) / weight, tenant)
@@ -69,6 +73,6 @@ if booked > 0 then
 end
 reply[1] = redis.call('ZCARD', tenants)
 if reply[1] == 0 then
-  redis.call('DEL', meta)  -- nothing waits: the virtual time starts again from 0
+  redis.call('DEL', meta, heads)  -- nothing waits: the virtual time starts again from 0
 end
 return reply

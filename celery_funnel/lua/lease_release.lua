@@ -1,5 +1,5 @@
 -- lease_release.lua: a run ended (or an operator frees its slot): give its slots back
--- and hand them to the oldest waiters. Idempotent: only the token's own entry goes.
+-- and hand them to the first waiters. Idempotent: only the token's own entry goes.
 --
 -- KEYS       three per funnel (holders, info, waiters; see _lease.lua)
 -- ARGV[1]    task id

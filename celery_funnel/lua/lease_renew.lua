@@ -1,6 +1,6 @@
 -- lease_renew.lua: one worker renews every lease it holds, in one call, and sweeps the
 -- funnels it knows for leases that ran out (their worker died): their slots go to the
--- oldest waiters.
+-- first waiters (the most urgent, then the oldest).
 --
 -- KEYS       three per funnel (holders, info, waiters; see _lease.lua)
 -- ARGV[1]    lease ttl, µs

@@ -3,6 +3,7 @@
 --
 -- KEYS[1]  the funnel: a string holding its TAT, integer microseconds since the epoch
 -- KEYS[2]  its reservation tickets (sorted set, score = slot in us); same hash tag
+-- KEYS[3]  their priority ranks (hash); same hash tag
 -- ARGV[1]  tau of the new limit (T * limit), microseconds
 -- ARGV[2]  now in microseconds since the epoch, or "" to use the server's TIME
 -- Reply    {tickets dropped, 1 if the TAT was lowered else 0}
@@ -14,7 +15,7 @@
 local now = now_us(ARGV[2])
 local tau = tonumber(ARGV[1])
 local dropped = redis.call('ZCARD', KEYS[2])
-redis.call('DEL', KEYS[2])
+redis.call('DEL', KEYS[2], KEYS[3])
 local tat = tonumber(redis.call('GET', KEYS[1]))
 if tat and tat > now + tau then
   redis.call('SET', KEYS[1], now + tau, 'PX', math.ceil(tau / 1000))

@@ -86,6 +86,20 @@ def test_slots_go_round_robin_weighted_then_by_priority_and_arrival(
     assert all(b - a == T for a, b in itertools.pairwise(slots)), "one slot each"
 
 
+def test_the_brokers_priority_comes_before_fair_share(store: FairStore, key: str) -> None:
+    for n in range(4):
+        enqueue(store, key, f"b{n}", "B", rank=9)
+    for n in range(3):
+        enqueue(store, key, f"a{n}", "A", rank=0)
+    # fair share alone would alternate a0 b0 a1 b1 ...: the urgent tasks go first
+    assert order(store, key) == ["a0", "a1", "a2", "b0", "b1", "b2", "b3"]
+    enqueue(store, key, "b-urgent", "B", rank=0)
+    enqueue(store, key, "a-late", "A", rank=9)
+    enqueue(store, key, "c0", "C", rank=9)
+    # B's urgent task first; then fair share between the tenants of the same rank
+    assert order(store, key) == ["b-urgent", "a-late", "c0"]
+
+
 def test_priority_orders_a_tenants_queue(store: FairStore, key: str) -> None:
     for n in range(3):
         enqueue(store, key, f"low{n}", "A", rank=9)

@@ -105,3 +105,20 @@ def test_waiters_are_claimed_from_the_parked_index(redis_client: redis.Redis, pr
     assert store.wake(["w1"], 30.0) == ([], [])  # being released: left to its releaser
     assert parked.done(releases[0])
     assert parked.count() == 0
+
+
+def test_a_more_urgent_waiter_is_handed_a_slot_first(
+    redis_client: redis.Redis, prefix: str
+) -> None:
+    store = LeaseStore(redis_client, prefix, 30.0)
+    one = [seat(prefix, 1)]
+    a, _ = store.acquire(one, "a", "w1")
+    assert a is not None
+    assert store.enqueue(one, "late", rank=9) == []
+    assert store.enqueue(one, "later", rank=9) == []
+    assert store.enqueue(one, "urgent", rank=0) == []  # sent last, the broker's first
+    assert store.enqueue(one, "late", rank=9) == []  # queued again: keeps its place
+    assert store.release(one, "a", a.token) == (1, [(one[0], "urgent")])
+    urgent, _ = store.acquire(one, "urgent", "w1")
+    assert urgent is not None
+    assert store.release(one, "urgent", urgent.token) == (1, [(one[0], "late")])

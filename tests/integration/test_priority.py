@@ -55,8 +55,9 @@ def run_urgent_behind_backlog(broker: str, url: str, low: int, high: int) -> Non
             assert max(late.values()) <= 3.0, f"urgent tasks started late: {late}"
             # every task ran, and none waits parked to run again
             wait_for(
-                lambda: len(fair_runs(url, TASK)) >= BACKLOG + URGENT
-                and not parked.counts().get(TASK),
+                lambda: (
+                    len(fair_runs(url, TASK)) >= BACKLOG + URGENT and not parked.counts().get(TASK)
+                ),
                 60,
             )
             numbers = sorted(r["n"] for r in fair_runs(url, TASK))

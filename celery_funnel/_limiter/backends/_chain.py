@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Any, NoReturn, TypeVar
 
-from ..scripts import Arg, Call, Reply, Script, _read
+from ..scripts import Arg, Call, Reply, Script, source
 from .base import Funnel
 
 __all__ = ["Capture", "Captured", "Eval", "Replay", "chained"]
@@ -72,12 +72,9 @@ def chain_script(scripts: tuple[Script, ...]) -> Script:
         f" admitted = function(r, ARGV) return {script.admitted} end}}"
         for script in scripts
     )
-    source = f"{_read('_clock')}local STEPS = {{\n{steps}\n}}\n{_read('chain')}"
-    return Script.build(f"chain({','.join(s.name for s in scripts)})", source, _no_twin)
-
-
-def _no_twin(*_: Any) -> NoReturn:
-    raise NotImplementedError("a chain runs on Redis only; other stores run the steps")
+    text = f"{source('_clock')}local STEPS = {{\n{steps}\n}}\n{source('chain')}"
+    # no twin: a chain runs on Redis only; other stores run the steps
+    return Script.build(f"chain({','.join(s.name for s in scripts)})", text)
 
 
 def _capture(

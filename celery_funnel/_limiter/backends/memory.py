@@ -5,7 +5,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from ..keys import tickets_key
+from ..errors import ConfigurationError
+from ..keys import ranks_key, tickets_key
 from ..memstore import Clock, MemoryStore
 from ..scripts import Arg, Reply, Script
 from .base import Funnel
@@ -24,9 +25,11 @@ class MemoryFunnel(Funnel):
         self._lock = threading.Lock()
 
     def _eval(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
+        if script.twin is None:
+            raise ConfigurationError(f"{script.name}.lua runs on Redis only")
         with self._lock:
             return script.twin(self.store, keys, args)
 
     def reset(self, key: str) -> None:
         with self._lock:
-            self.store.delete(key, tickets_key(key))
+            self.store.delete(key, tickets_key(key), ranks_key(key))

@@ -46,6 +46,20 @@ def evalsha(call: Call) -> tuple[Arg, ...]:
     return ("EVALSHA", script.sha, len(keys), *keys, *args)
 
 
+def run_script(client: Any, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    """``script`` on redis-py ``client`` (a Cluster's too) by EVALSHA, loaded first when
+    the server does not have it (NOSCRIPT): what the stores beside the funnels run.
+
+    Raises:
+        RedisError: when Redis fails.
+    """
+    try:
+        return client.evalsha(script.sha, len(keys), *keys, *args)
+    except NoScriptError:
+        client.script_load(script.source)
+        return client.evalsha(script.sha, len(keys), *keys, *args)
+
+
 def as_reply(reply: Any) -> Reply:
     """A script's reply as a list (a script returning one number replies a number)."""
     return reply if isinstance(reply, list) else [reply]
