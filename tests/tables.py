@@ -12,7 +12,7 @@ from typing import Any
 
 T0 = 1_700_000_000  # divisible by every window length below, so windows align on it
 
-Step = tuple[float, str, dict[str, Any], tuple[Any, ...]]
+Row = tuple[float, str, dict[str, Any], tuple[Any, ...]]
 
 
 def rows(table: str) -> list[tuple[str, str, dict[str, Any], tuple[Any, ...]]]:
@@ -37,7 +37,7 @@ def _cell(q: int) -> dict[str, Any]:
     return _throttle(4, 1, 1, q)  # redis-cell's it_rate_limits: limit 5, 1 per second
 
 
-GCRA_REDIS_CELL: list[Step] = [
+GCRA_REDIS_CELL: list[Row] = [
     (0, "throttle", _cell(6), (True, 5, 5, -1.0, 0.0, 0)),  # never fits
     (0, "throttle", _cell(1), (False, 5, 4, -1.0, 1.0, 1)),
     (0, "throttle", _cell(1), (False, 5, 3, -1.0, 2.0, 1)),
@@ -61,7 +61,7 @@ def _seed(q: int) -> dict[str, Any]:
 
 
 # The seed's transcript at exact times: T = 2 s, tau = 32 s, limit 16.
-GCRA_SEED_002: list[Step] = [
+GCRA_SEED_002: list[Row] = [
     (0, "throttle", _seed(1), (False, 16, 15, -1.0, 2.0, 1)),
     (2, "throttle", _seed(4), (False, 16, 12, -1.0, 8.0, 4)),
     (4, "throttle", _seed(4), (False, 16, 9, -1.0, 14.0, 4)),
@@ -78,7 +78,7 @@ def _fw(q: int, partial: bool = False, limit: int = 3) -> dict[str, Any]:
     return {"limit": limit, "period": 10, "quantity": q, "partial": partial}
 
 
-FIXED_WINDOW: list[Step] = [
+FIXED_WINDOW: list[Row] = [
     (0, "fixed_window", _fw(1), (False, 3, 2, -1.0, 10.0, 1)),
     (1, "fixed_window", _fw(2), (False, 3, 0, -1.0, 9.0, 2)),
     (2, "fixed_window", _fw(1), (True, 3, 0, 8.0, 8.0, 0)),
@@ -86,7 +86,7 @@ FIXED_WINDOW: list[Step] = [
     (10, "fixed_window", _fw(2), (False, 3, 1, -1.0, 10.0, 2)),  # next window
 ]
 
-FIXED_WINDOW_PARTIAL: list[Step] = [
+FIXED_WINDOW_PARTIAL: list[Row] = [
     (0, "fixed_window", _fw(3, True, 5), (False, 5, 2, -1.0, 10.0, 3)),
     (5, "fixed_window", _fw(4, True, 5), (True, 5, 0, 5.0, 5.0, 2)),  # 2 of 4 granted
     (6, "fixed_window", _fw(0, True, 5), (False, 5, 0, -1.0, 4.0, 0)),  # peek
@@ -99,7 +99,7 @@ def _log(q: int) -> dict[str, Any]:
     return {"limit": 3, "period": 10, "quantity": q}
 
 
-SLIDING_LOG: list[Step] = [
+SLIDING_LOG: list[Row] = [
     (0, "sliding_log", _log(1), (False, 3, 2, -1.0, 10.0, 1)),
     (1, "sliding_log", _log(1), (False, 3, 1, -1.0, 10.0, 1)),
     (2, "sliding_log", _log(1), (False, 3, 0, -1.0, 10.0, 1)),
@@ -118,7 +118,7 @@ def _sw(q: int, partial: bool = False) -> dict[str, Any]:
 
 
 # Sub-windows of 2 s; c0 is the one starting at T0.
-SLIDING_WINDOW: list[Step] = [
+SLIDING_WINDOW: list[Row] = [
     (0, "sliding_window", _sw(2), (False, 4, 2, -1.0, 10.0, 2)),
     (3, "sliding_window", _sw(1), (False, 4, 1, -1.0, 9.0, 1)),
     (4, "sliding_window", _sw(2), (True, 4, 1, 6.0, 8.0, 0)),  # c0 leaves at 10
@@ -135,7 +135,7 @@ def _res(ticket: str = "", redeem: bool = False, q: int = 1, **extra: Any) -> di
     return {**args, "ticket": ticket or None, "redeem": redeem, **extra}
 
 
-RESERVATION: list[Step] = [
+RESERVATION: list[Row] = [
     (0, "reserve", _res("a"), (True, 0.0, False, 1, 0.1, False)),
     (0, "reserve", _res("b"), (False, 0.1, True, 1, 0.2, False)),
     (0, "reserve", _res("c"), (False, 0.2, True, 1, 0.3, False)),
@@ -152,7 +152,7 @@ RESERVATION: list[Step] = [
 # The ticket window's edges: default early = min(slot width, 0.05 s) = 0.05 s, and
 # late = slot width = 0.1 s. A redeemed ticket leaves the TAT alone (reset_after from
 # the old TAT); a stale one books afresh (reset_after 0.1 when the funnel is idle).
-RESERVATION_EDGES: list[Step] = [
+RESERVATION_EDGES: list[Row] = [
     (0, "reserve", _res("a"), (True, 0.0, False, 1, 0.1, False)),
     (0, "reserve", _res("b"), (False, 0.1, True, 1, 0.2, False)),
     (0, "reserve", _res("c"), (False, 0.2, True, 1, 0.3, False)),
@@ -167,7 +167,7 @@ RESERVATION_EDGES: list[Step] = [
 # Priority: limit 1, T = 0.1 s; rank 0 most urgent. A booking takes the earliest future
 # slot of a less urgent ticket (no TAT moves: reset_after stays); the displaced ticket,
 # redeemed, finds itself gone and books again, itself displacing a less urgent one.
-RESERVATION_PRIORITY: list[Step] = [
+RESERVATION_PRIORITY: list[Row] = [
     (0, "reserve", _res("a", rank=9), (True, 0.0, False, 1, 0.1, False)),
     (0, "reserve", _res("b", rank=9), (False, 0.1, True, 1, 0.2, False)),
     (0, "reserve", _res("c", rank=9), (False, 0.2, True, 1, 0.3, False)),
@@ -186,7 +186,7 @@ RESERVATION_PRIORITY: list[Step] = [
     (0.05, "reserve", _res("w", rank=1), (False, 0.45, True, 1, 0.65, False)),  # b's; x has none
 ]
 
-TABLES: dict[str, list[Step]] = {
+TABLES: dict[str, list[Row]] = {
     "gcra-redis-cell": GCRA_REDIS_CELL,
     "gcra-seed-002": GCRA_SEED_002,
     "fixed-window": FIXED_WINDOW,
@@ -204,7 +204,7 @@ def _hold_shape(**extra: Any) -> dict[str, Any]:
     return {"max_burst": 1, "count": 2, "period": 1, **extra}
 
 
-HOLD: list[Step] = [
+HOLD: list[Row] = [
     (0, "throttle", _hold_shape(quantity=1), (False, 2, 1, -1.0, 0.5, 1)),
     (0, "hold", _hold_shape(seconds=3), (3.5,)),  # next unit fits at 3: TAT 3 + tau - T
     (2.999999, "throttle", _hold_shape(quantity=1), (True, 2, 0, 0.000001, 0.500001, 0)),

@@ -26,8 +26,8 @@ from .._config.runtime import Runtime, runtime_for
 from .._gate.fair import fair_of
 from .._gate.judge import (
     Charge,
+    Ruling,
     State,
-    Step,
     Subject,
     admitted_by_gate,
     judge,
@@ -185,7 +185,7 @@ class FunnelTask(Task):  # type: ignore[misc]
         state = State.from_headers(request.headers)
         state = state._replace(deferrals=state.deferrals + 1, booked=False, passed=())
         subject = Subject(self.name, request.id, runtime.settings.on_backend_error)
-        step = Step(run=False, delay=seconds, state=state)
+        step = Ruling(run=False, delay=seconds, state=state)
         self._funnel_defer(runtime, subject, self.name, args, kwargs, step)
 
     def _funnel_limits(self) -> tuple[Limit, ...]:
@@ -236,7 +236,7 @@ class FunnelTask(Task):  # type: ignore[misc]
         label: str,
         args: Sequence[Any],
         kwargs: Mapping[str, Any],
-        step: Step,
+        step: Ruling,
     ) -> None:
         """Publish the run again for ``step.delay`` (capped), and end this one."""
         request = self.request

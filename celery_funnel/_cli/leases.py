@@ -15,7 +15,7 @@ from .._config.runtime import Runtime, runtime_for
 from .._gate.leases import Leases
 from .._limiter.keys import FunnelKey
 from .._ops.view import Failure, Found, at, lease_funnels, resolve
-from .._stores.leases import LeaseStore, Seat
+from .._stores.leases import LeaseStore, SlotFunnel
 
 __all__ = ["lease_funnels", "lease_rows", "release_lease", "show_holders"]
 
@@ -84,17 +84,17 @@ def release_lease(ctx: click.Context, name: str, task_id: str, yes: bool) -> Non
     try:
         leases = Leases(ctx.obj.app)
         found = resolve(runtime, leases.store.client, name)
-        seats = []
+        slot_funnels = []
         for key in lease_funnels(found):
             if any(h.task_id == task_id for h in leases.store.holders(key.key)):
-                seats.append(Seat(_concurrency(runtime, key) or 1, key.key, key.name))
-        if not seats:
+                slot_funnels.append(SlotFunnel(_concurrency(runtime, key) or 1, key.key, key.name))
+        if not slot_funnels:
             raise click.ClickException(f"task {task_id} holds no slot of funnel {name!r}")
-        for seat in seats:
-            ctx.obj.echo(f"  {seat.key}: slot of task {task_id}")
+        for slot_funnel in slot_funnels:
+            ctx.obj.echo(f"  {slot_funnel.key}: slot of task {task_id}")
         if not yes:
             click.confirm(f"free the slot of task {task_id}?", abort=True)
-        count, promoted = leases.store.release(seats, task_id, "*")
+        count, promoted = leases.store.release(slot_funnels, task_id, "*")
         leases.hand_on(promoted)
     except Failure as exc:
         raise click.ClickException(str(exc)) from None

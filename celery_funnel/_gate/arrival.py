@@ -10,8 +10,8 @@ from typing import Any, NamedTuple
 from .._config.options import dry_run_of, policy_of
 from .._config.runtime import Runtime
 from .._limiter.fair import rank
-from .._stores.leases import Seat
-from .charging import Charge, FairStep
+from .._stores.leases import SlotFunnel
+from .charging import Charge, FairAdmit
 from .judge import State, Subject, label_of
 from .requests import until_expiry
 
@@ -20,12 +20,12 @@ __all__ = ["Arrival", "subject_of"]
 
 class Arrival(NamedTuple):
     """``request`` (a Celery worker Request) on this pass: the funnels it is charged
-    (``charges``), the concurrency slots it needs (``seats``), the ``state`` its header
+    (``charges``), the concurrency slots it needs (``slot_funnels``), the ``state`` its header
     carried, and the ``subject`` judged (name, id, outage policy, expiry)."""
 
     request: Any
     charges: Sequence[Charge]
-    seats: Sequence[Seat]
+    slot_funnels: Sequence[SlotFunnel]
     state: State
     subject: Subject
 
@@ -39,7 +39,7 @@ def subject_of(
     runtime: Runtime,
     request: Any,
     own_options: Callable[[Any], bool],
-    fair: FairStep | None,
+    fair: FairAdmit | None,
     transport: str,
 ) -> Subject:
     """The subject ``request`` is judged as: its task's own ``funnel_on_backend_error``

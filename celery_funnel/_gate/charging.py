@@ -26,7 +26,7 @@ from .state import State
 if TYPE_CHECKING:
     from .._limiter.backends.base import Funnel
 
-__all__ = ["Charge", "FairStep", "decide", "joint", "label_of", "lead"]
+__all__ = ["Charge", "FairAdmit", "decide", "joint", "label_of", "lead"]
 
 LEAD_SECONDS = 0.005  # the most a held task comes back before its slot; see lead
 
@@ -106,13 +106,13 @@ def _book(
     return Verdict(r.admitted, max(r.delay, 0.0), r.booked, r.never, r.stale)
 
 
-FairStep = Callable[[Charge, int], Verdict]
+FairAdmit = Callable[[Charge, int], Verdict]
 """The worker gate's step on a fair-share charge (``_fair_gate.admit``): the charge and
 how often its ticket came too late."""
 
 
 def _fair_first(
-    charges: Sequence[Charge], state: State, fair: FairStep | None
+    charges: Sequence[Charge], state: State, fair: FairAdmit | None
 ) -> tuple[Verdict | None, State]:
     """A fair-share charge is decided first, alone (its slots are handed out by the
     dispatcher, not booked here): its verdict when it does not pass, else None and the
@@ -137,7 +137,7 @@ def decide(
     booking: tuple[str | None, int | None],
     state: State,
     max_wait: float | None = None,
-    fair: FairStep | None = None,
+    fair: FairAdmit | None = None,
     funnel: Funnel | None = None,
 ) -> tuple[Verdict, tuple[int, ...]]:
     """The verdict over every charge not yet passed, and the indexes passed after it;

@@ -16,7 +16,7 @@ from .._limiter.scripts import Call
 from .._stores.leases import Lease
 from .arrival import Arrival
 from .inflight import InFlight
-from .judge import Charge, State, Step, Subject, judge
+from .judge import Charge, Ruling, State, Subject, judge
 from .live import Live
 
 __all__ = ["STAND_IN", "InFlightDecisions"]
@@ -26,8 +26,8 @@ __all__ = ["STAND_IN", "InFlightDecisions"]
 STAND_IN = "\x00celery-funnel:task-id"
 CALLS = 1024  # the calls cache's bound: one entry per set of charges and state
 
-Decide = Callable[[Arrival], Step]  # decide the ordinary way (waiting for Redis)
-Decided = Callable[[Arrival, Step, "Lease | None"], Any]  # act on a decision
+Decide = Callable[[Arrival], Ruling]  # decide the ordinary way (waiting for Redis)
+Decided = Callable[[Arrival, Ruling, "Lease | None"], Any]  # act on a decision
 Fail = Callable[[Any, BaseException, bool], Any]  # fail the request (reported or not)
 
 
@@ -93,10 +93,12 @@ class InFlightDecisions:
         task_id = subject.task_id
         return script, keys, [task_id if arg == STAND_IN else arg for arg in args]
 
-    def _judge(self, subject: Subject, charges: Sequence[Charge], state: State, store: Any) -> Step:
+    def _judge(
+        self, subject: Subject, charges: Sequence[Charge], state: State, store: Any
+    ) -> Ruling:
         return judge(self.runtime, subject, charges, state, funnel=store)
 
-    def _resume(self, arrival: Arrival, decide: Callable[..., Step], reply: Any) -> Any:
+    def _resume(self, arrival: Arrival, decide: Callable[..., Ruling], reply: Any) -> Any:
         """Carry ``arrival`` on with its decision's ``reply`` (an exception: decide it
         again the ordinary way)."""
         try:

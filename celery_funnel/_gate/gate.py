@@ -36,11 +36,11 @@ from .charges import Charges
 from .decisions import InFlightDecisions
 from .held import Held, give_back_booking
 from .inflight import InFlight
-from .judge import HEADER, RUN, Charge, State, Step, gate_mark, judge, label_of
+from .judge import HEADER, RUN, Charge, Ruling, State, gate_mark, judge, label_of
 from .live import live_for
 from .parking import Parking
 from .requests import fail_request
-from .seats import Seats
+from .slot_funnels import SlotFunnels
 from .slots import Slots
 from .waits import Waits
 
@@ -67,12 +67,14 @@ class WorkerGate:
         self.node = getattr(consumer, "hostname", "") or ""
         self.hostname = safe_part(self.node or "worker")
         self.charges = Charges(runtime, consumer.app, self.hostname)
-        self.seats = Seats(runtime, consumer.app, self.node, self.hostname)
+        self.slot_funnels = SlotFunnels(runtime, consumer.app, self.node, self.hostname)
         self.parking = Parking(runtime)
         self.live = live_for(consumer.app)
         self.held = Held(runtime, consumer, self._pass)
         self.waits = Waits(runtime, self.parking, self.held, self._events)
-        self.slots = Slots(runtime, self.seats, self.parking, self.waits, self._admit, self._fail)
+        self.slots = Slots(
+            runtime, self.slot_funnels, self.parking, self.waits, self._admit, self._fail
+        )
         self.inflight = InFlight(lambda: runtime.funnel, getattr(consumer, "hub", None))
         self.decisions = InFlightDecisions(
             runtime, self.live, self.inflight, self._decide, self._decided, self._fail
@@ -86,7 +88,9 @@ class WorkerGate:
         """Read and accept a request as it arrives; decide it when a funnel applies."""
         try:
             charges = self.charges.of(request.type, request.name, request.args, request.kwargs)
-            seats = self.seats.of(request.type, request.name, request.args, request.kwargs)
+            slot_funnels = self.slot_funnels.of(
+                request.type, request.name, request.args, request.kwargs
+            )
         except Exception as error:  # a bad funnel_key fails its task only
             return self._fail(request, error, False)
         state = State.from_headers(request.request_dict)
@@ -94,20 +98,24 @@ class WorkerGate:
             request.acknowledge()
             task_ready(request)
             return None
-        if not charges and not seats:
+        if not charges and not slot_funnels:
             return self.handle(request)
-        return self._arrived(request, charges, seats, state)
+        return self._arrived(request, charges, slot_funnels, state)
 
     def _pass(self, request: Any, charges: Sequence[Charge], state: State) -> Any:
         """Decide a held request again (its timer fired, or it was woken): its charges
         stay the code's; its slots and subject are read anew."""
         try:
-            seats = self.seats.of(request.type, request.name, request.args, request.kwargs)
+            slot_funnels = self.slot_funnels.of(
+                request.type, request.name, request.args, request.kwargs
+            )
         except Exception as error:  # a bad funnel_key fails its task only
             return self._fail(request, error, False)
-        return self._arrived(request, charges, seats, state)
+        return self._arrived(request, charges, slot_funnels, state)
 
-    def _arrived(self, request: Any, charges: Sequence[Charge], seats: Any, state: State) -> Any:
+    def _arrived(
+        self, request: Any, charges: Sequence[Charge], slot_funnels: Any, state: State
+    ) -> Any:
         try:
             # only a fair-share charge has a fair step (asking for it asks if tasks may
             # be parked, which reads the funnels' Redis now and then)
@@ -116,7 +124,7 @@ class WorkerGate:
             subject = subject_of(self.runtime, request, self.own_options, fair, transport)
         except Exception as error:  # a bad option value fails its task only
             return self._fail(request, error, False)
-        return self._run(Arrival(request, charges, seats, state, subject))
+        return self._run(Arrival(request, charges, slot_funnels, state, subject))
 
     def _run(self, arrival: Arrival) -> Any:
         """Decide ``arrival`` now: slots, then the funnels; run, wait or fail it."""
@@ -124,11 +132,11 @@ class WorkerGate:
         self.held.backend_of(request)  # revoked() below may store REVOKED with it
         if request.revoked():  # revoked, or expired while it waited: Celery ends it
             give_back_booking(self.runtime, arrival.charges, arrival.state, request.id)
-            self.seats.forget(request)
+            self.slot_funnels.forget(request)
             return None
         lease: Lease | None = None
         try:
-            if arrival.seats:  # the slots first: they can be given back, a rate's cannot
+            if arrival.slot_funnels:  # the slots first: they can be given back, a rate's cannot
                 lease, waits = self.slots.take(arrival)
                 if lease is None:
                     return waits
@@ -137,11 +145,11 @@ class WorkerGate:
             step = self._decide(arrival) if arrival.charges else RUN
         except Exception as error:  # one task fails, the worker runs on
             if lease is not None:
-                self.seats.give_back(lease)
+                self.slot_funnels.give_back(lease)
             return self._fail(request, error, False)
         return self._decided(arrival, step, lease)
 
-    def _decide(self, arrival: Arrival) -> Step:
+    def _decide(self, arrival: Arrival) -> Ruling:
         """``judge`` under the overrides in force (a paused funnel's task waits). The
         charges stay the code's (held requests keep them); overrides apply here, to
         every decision, from the table the live thread keeps fresh."""
@@ -151,14 +159,14 @@ class WorkerGate:
             return paused
         return judge(self.runtime, arrival.subject, self.live.overrides.apply(charges), state)
 
-    def _decided(self, arrival: Arrival, step: Step, lease: Lease | None) -> Any:
+    def _decided(self, arrival: Arrival, step: Ruling, lease: Lease | None) -> Any:
         """Act on ``step``: run the request, make it wait, or fail it."""
         self.live.count(dict.fromkeys(c.label for c in arrival.charges), step.run)
         if step.run:
             return self._admit(arrival, lease)
         self.inflight.deferred()
         if lease is not None:  # a rate refused it: nothing stays charged
-            self.seats.give_back(lease)
+            self.slot_funnels.give_back(lease)
         if step.error is not None:
             return self._fail(arrival.request, step.error, True)
         return self.waits.wait(arrival, step)
@@ -170,7 +178,7 @@ class WorkerGate:
         more = lease.header() if lease is not None else {}
         request.request_dict[HEADER] = arrival.state.header(gate=gate_mark(), **more)
         if lease is not None:
-            self.seats.started(lease, request)
+            self.slot_funnels.started(lease, request)
         return self.handle(request)
 
     def _fail(self, request: Any, error: BaseException, reported: bool) -> None:
@@ -210,5 +218,5 @@ class WorkerGate:
         """Stop sweeping; give back the slots still held; close the result-backend
         connections the gate opened."""
         self.held.close()
-        self.seats.close()
+        self.slot_funnels.close()
         self.inflight.close()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from .._config.outage import backoff
 from .._config.runtime import Runtime
 from .._limiter.errors import BackendError, CostTooHighError, TooManyDeferralsError
-from .charging import Charge, FairStep, decide, joint, label_of, lead
+from .charging import Charge, FairAdmit, decide, joint, label_of, lead
 from .state import HEADER, State, admitted_by_gate, gate_mark, requeued
 
 if TYPE_CHECKING:
@@ -27,9 +27,9 @@ __all__ = [
     "HEADER",
     "RUN",
     "Charge",
-    "FairStep",
+    "FairAdmit",
+    "Ruling",
     "State",
-    "Step",
     "Subject",
     "admitted_by_gate",
     "gate_mark",
@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 
-class Step(NamedTuple):
+class Ruling(NamedTuple):
     """The gate's answer: ``run``; or wait ``delay`` seconds carrying ``state``; or fail
     with ``error``."""
 
@@ -55,7 +55,7 @@ class Step(NamedTuple):
     queued: int = 0  # fair share: 1 park it in its tenant's queue, 2 in front (_fair)
 
 
-RUN = Step(run=True)
+RUN = Ruling(run=True)
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class Subject:
     dry_run: bool = False
     eager: bool = False
     expires_in: float | None = None  # seconds until the task expires (None: never)
-    fair: FairStep | None = None
+    fair: FairAdmit | None = None
     rank: int | None = None
 
 
@@ -84,7 +84,7 @@ def judge(
     charges: Sequence[Charge],
     state: State,
     funnel: Funnel | None = None,
-) -> Step:
+) -> Ruling:
     """One decision over ``charges`` for ``subject``, with the outage policy, the caps
     and the reports (admitted, refused and dry-run deferrals; real deferrals are
     reported by the caller, who knows how the task waits); ``funnel`` as ``decide``.
@@ -138,20 +138,20 @@ def judge(
             f" (funnel_max_deferrals={cap})"
         )
         return fail(runtime, subject, label, too_many)
-    return Step(
+    return Ruling(
         run=False, delay=verdict.delay, state=after, booked=verdict.booked, queued=verdict.queued
     )
 
 
-def fail(runtime: Runtime, subject: Subject, label: str, error: BaseException) -> Step:
+def fail(runtime: Runtime, subject: Subject, label: str, error: BaseException) -> Ruling:
     """Report that the gate fails the run with ``error``."""
     runtime.observer.refused(subject.name, subject.task_id, label, error)
-    return Step(run=False, error=error)
+    return Ruling(run=False, error=error)
 
 
 def _outage(
     runtime: Runtime, subject: Subject, state: State, error: BackendError, label: str
-) -> Step:
+) -> Ruling:
     """The funnel's Redis failed: run anyway ("allow", or a dry run), fail ("raise",
     and eager runs), or wait a back-off ("defer"), keeping any booking."""
     runtime.outage.failed(error, subject.policy)
@@ -161,14 +161,14 @@ def _outage(
         return fail(runtime, subject, label, error)
     delay = backoff(state.outages, runtime.countdowns.cap)
     after = state._replace(deferrals=state.deferrals + 1, outages=state.outages + 1)
-    return Step(run=False, delay=delay, state=after, booked=state.booked, outage=True)
+    return Ruling(run=False, delay=delay, state=after, booked=state.booked, outage=True)
 
 
 def report_wait(
     runtime: Runtime,
     subject: Subject,
     label: str,
-    step: Step,
+    step: Ruling,
     *,
     requeued: bool,
     send_event: Any = None,

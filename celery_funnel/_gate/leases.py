@@ -27,7 +27,7 @@ from celery.worker import state as worker_state
 from .._config.runtime import runtime_for
 from .._limiter.errors import BackendError
 from .._limiter.keys import hash_tag
-from .._stores.leases import Handed, Lease, LeaseStore, Seat, header_of
+from .._stores.leases import Handed, Lease, LeaseStore, SlotFunnel, header_of
 from .._stores.park import ParkStore, Release
 from .publish import publish
 from .state import HEADER
@@ -53,7 +53,7 @@ class Leases:
         self.interval = settings.lease_ttl / 3
         # task id -> the lease this process's gate took, and its request (weakly)
         self._held: dict[str, tuple[Lease, Callable[[], Any]]] = {}
-        self._funnels: dict[str, Seat] = {}  # swept at each renewal
+        self._funnels: dict[str, SlotFunnel] = {}  # swept at each renewal
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
@@ -62,13 +62,13 @@ class Leases:
         """Renew ``lease`` until the run of ``request`` (a worker Request) ends."""
         with self._lock:
             self._held[lease.task_id] = (lease, weakref.ref(request))
-        self.know(lease.seats)
+        self.know(lease.slot_funnels)
 
-    def know(self, seats: Iterable[Seat]) -> None:
+    def know(self, slot_funnels: Iterable[SlotFunnel]) -> None:
         """Sweep these funnels for leases that ran out, at each renewal."""
         with self._lock:
-            for seat in seats:
-                self._funnels[seat.key] = seat
+            for slot_funnel in slot_funnels:
+                self._funnels[slot_funnel.key] = slot_funnel
             if self._thread is None and not self._stopped.is_set():
                 self._thread = threading.Thread(target=self._run, name="celery-funnel-leases")
                 self._thread.daemon = True
@@ -89,7 +89,7 @@ class Leases:
         if lease is None:
             return
         try:
-            self.hand_on(self.store.release(lease.seats, task_id, lease.token)[1])
+            self.hand_on(self.store.release(lease.slot_funnels, task_id, lease.token)[1])
         except Exception as error:  # the lease then runs out: the slot returns later
             logger.warning(
                 "celery-funnel: could not give back the slot of task %s: %r", task_id, error
@@ -105,9 +105,9 @@ class Leases:
                 once its claim runs out; a slot handed on runs out after the TTL).
         """
         while handed:
-            where: dict[str, list[Seat]] = {}
-            for seat, task_id in handed:
-                where.setdefault(task_id, []).append(seat)
+            where: dict[str, list[SlotFunnel]] = {}
+            for slot_funnel, task_id in handed:
+                where.setdefault(task_id, []).append(slot_funnel)
             missing, releases = self.store.wake(list(where), self.park_lease)
             for release in releases:
                 publish(self.app, _promised(release, where[release.task_id]))
@@ -130,8 +130,8 @@ class Leases:
             tokens = {task_id: lease.token for task_id, (lease, _) in self._held.items()}
             pairs: dict[str, list[tuple[str, str]]] = {}
             for lease, _ in self._held.values():
-                for seat in lease.seats:
-                    pairs.setdefault(seat.key, []).append((lease.task_id, lease.token))
+                for slot_funnel in lease.slot_funnels:
+                    pairs.setdefault(slot_funnel.key, []).append((lease.task_id, lease.token))
         for group in self._slots(funnels):
             renewal = self.store.renew(group, pairs)
             with self._lock:
@@ -139,20 +139,20 @@ class Leases:
                     entry = self._held.get(task_id)
                     if entry is not None and entry[0].token == tokens.get(task_id):
                         del self._held[task_id]
-                used = {s.key for lease, _ in self._held.values() for s in lease.seats}
+                used = {s.key for lease, _ in self._held.values() for s in lease.slot_funnels}
                 for key in renewal.empty:
                     if key not in used:
                         self._funnels.pop(key, None)
             self.hand_on(renewal.promoted)
 
-    def _slots(self, funnels: list[Seat]) -> list[list[Seat]]:
+    def _slots(self, funnels: list[SlotFunnel]) -> list[list[SlotFunnel]]:
         """The funnels in groups one script may touch: all at once on one Redis, one
         group per hash tag on a Redis Cluster."""
         if "Cluster" not in type(self.store.client).__name__:
             return [funnels] if funnels else []
-        groups: dict[str | None, list[Seat]] = {}
-        for seat in funnels:
-            groups.setdefault(hash_tag(seat.key), []).append(seat)
+        groups: dict[str | None, list[SlotFunnel]] = {}
+        for slot_funnel in funnels:
+            groups.setdefault(hash_tag(slot_funnel.key), []).append(slot_funnel)
         return list(groups.values())
 
     def _run(self) -> None:
@@ -187,10 +187,10 @@ def _alive(request: Callable[[], Any]) -> bool:
     return found in worker_state.reserved_requests or found in worker_state.active_requests
 
 
-def _promised(release: Release, seats: Sequence[Seat]) -> Release:
+def _promised(release: Release, slot_funnels: Sequence[SlotFunnel]) -> Release:
     """``release`` with the funnels whose slot it was handed in its header."""
     headers = dict(release.message["headers"])
-    headers[HEADER] = {**(headers.get(HEADER) or {}), "promised": header_of(seats)}
+    headers[HEADER] = {**(headers.get(HEADER) or {}), "promised": header_of(slot_funnels)}
     return Release(release.task_id, release.token, {**release.message, "headers": headers})
 
 

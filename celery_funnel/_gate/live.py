@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .._limiter.keys import live_key
-from .judge import Charge, State, Step
+from .judge import Charge, Ruling, State
 from .overrides import OverrideTable
 
 __all__ = ["Live", "live_for", "series_key"]
@@ -60,14 +60,14 @@ class Live:
 
     def paused_step(
         self, charges: Sequence[Charge], state: State, *, parked: Callable[[], bool]
-    ) -> Step | None:
+    ) -> Ruling | None:
         """The wait of a task of a paused funnel (None: none of ``charges`` is paused):
         parked when ``parked()`` says parking is on (a resume releases it at once), else
         held in the worker and looked at again soon (the table is local: no Redis call)."""
         if self.overrides.paused(charges) is None:
             return None
         delay = PAUSED_PARK_SECONDS if parked() else PAUSED_HOLD_SECONDS
-        return Step(run=False, delay=delay, state=state._replace(deferrals=state.deferrals + 1))
+        return Ruling(run=False, delay=delay, state=state._replace(deferrals=state.deferrals + 1))
 
     def take(self) -> Counter[tuple[str, int, str]]:
         """The counts so far, forgotten here (the live thread writes them)."""

@@ -20,7 +20,7 @@ from .._config.runtime import Runtime
 from .._limiter.errors import BackendError
 from .._stores.fair import FairStore
 from .._stores.park import ParkStore
-from .charging import Charge, FairStep
+from .charging import Charge, FairAdmit
 from .fair import SAFETY_SECONDS, Queues, admit
 from .publish import park
 from .state import State
@@ -67,7 +67,7 @@ class Parking:
         """Whether a wait of ``delay`` seconds is parked."""
         return self.on and not outage and self.after < delay < until_expiry
 
-    def fair_step(self, task_id: str) -> FairStep | None:
+    def fair_step(self, task_id: str) -> FairAdmit | None:
         """The gate's step on fair-share charges of task ``task_id`` (None with parking
         off: fair funnels are then ordinary ones)."""
         if not self.on or self.fair is None:

@@ -13,10 +13,10 @@ from .._config.runtime import Runtime
 from .._limiter.errors import BackendError
 from .._stores.leases import Lease
 from .arrival import Arrival
-from .judge import Step
+from .judge import Ruling
 from .judge import _outage as outage_step
 from .parking import Parking
-from .seats import WAIT_SECONDS, Seats
+from .slot_funnels import WAIT_SECONDS, SlotFunnels
 from .waits import Waits
 
 __all__ = ["POLL_SECONDS", "Slots"]
@@ -34,10 +34,15 @@ class Slots:
     """The slots of the worker gate's runs: ``admit`` runs a request, ``fail`` fails it."""
 
     def __init__(
-        self, runtime: Runtime, seats: Seats, parking: Parking, waits: Waits,
+        self, runtime: Runtime, slot_funnels: SlotFunnels, parking: Parking, waits: Waits,
         admit: Admit, fail: Fail,
     ) -> None:  # fmt: skip
-        self.runtime, self.seats, self.parking, self.waits = runtime, seats, parking, waits
+        self.runtime, self.slot_funnels, self.parking, self.waits = (
+            runtime,
+            slot_funnels,
+            parking,
+            waits,
+        )
         self.admit, self.fail = admit, fail
 
     def take(self, arrival: Arrival) -> tuple[Lease | None, Any]:
@@ -48,7 +53,7 @@ class Slots:
             Exception: what computing a key raised (the gate fails the task).
         """
         try:
-            lease = self.seats.take(arrival.request, arrival.seats)
+            lease = self.slot_funnels.take(arrival.request, arrival.slot_funnels)
         except BackendError as error:
             return None, self._outage(arrival, error)
         if lease is None:
@@ -56,7 +61,7 @@ class Slots:
         return lease, None
 
     def _label(self, arrival: Arrival) -> str:
-        return "+".join(seat.label for seat in arrival.seats)
+        return "+".join(slot_funnel.label for slot_funnel in arrival.slot_funnels)
 
     def _outage(self, arrival: Arrival, error: BackendError) -> Any:
         """The funnels' Redis failed taking a slot: the outage policy decides (run
@@ -77,15 +82,15 @@ class Slots:
         state, request = arrival.state, arrival.request
         after = state._replace(deferrals=state.deferrals + 1)
         if not self.parking.on:
-            self.waits.wait(arrival, Step(run=False, delay=POLL_SECONDS, state=after))
+            self.waits.wait(arrival, Ruling(run=False, delay=POLL_SECONDS, state=after))
             return
         label = self._label(arrival)
-        step = Step(run=False, delay=WAIT_SECONDS, state=after)
+        step = Ruling(run=False, delay=WAIT_SECONDS, state=after)
         self.waits.report(arrival, step._replace(delay=0.0), label, requeued=True)
         if not self.waits.park(arrival, step, label):
             return  # held, to try again shortly
         try:
-            self.seats.queue(request, arrival.seats, arrival.subject.rank or 0)
+            self.slot_funnels.queue(request, arrival.slot_funnels, arrival.subject.rank or 0)
         except BackendError as error:  # parked but not queued: released within the hour
             logger.warning(
                 "celery-funnel: task %s[%s] parked for a slot, but not queued (%r): it is"

@@ -16,7 +16,7 @@ from .._config.runtime import Runtime
 from .arrival import Arrival
 from .fair import fair_charge
 from .held import Held
-from .judge import State, Step, lead, report_wait, requeued
+from .judge import Ruling, State, lead, report_wait, requeued
 from .parking import Parking
 from .publish import republish
 from .requests import until_expiry
@@ -35,14 +35,14 @@ class Waits:
     def __init__(self, runtime: Runtime, parking: Parking, held: Held, events: Events) -> None:
         self.runtime, self.parking, self.held, self.events = runtime, parking, held, events
 
-    def report(self, arrival: Arrival, step: Step, label: str, *, requeued: bool) -> None:
+    def report(self, arrival: Arrival, step: Ruling, label: str, *, requeued: bool) -> None:
         """Report a deferral (signals, log line, Celery event)."""
         report_wait(
             self.runtime, arrival.subject, label, step, requeued=requeued,
             send_event=self.events(arrival.request),
         )  # fmt: skip
 
-    def wait(self, arrival: Arrival, step: Step) -> None:
+    def wait(self, arrival: Arrival, step: Ruling) -> None:
         """Hold, park or publish again ``arrival``, refused with ``step``."""
         request, policy = arrival.request, self.runtime.countdowns
         # un-acked so far: the countdown it came with (an ETA message is held un-acked)
@@ -63,7 +63,7 @@ class Waits:
         self.report(arrival, step, arrival.label, requeued=True)
         self.republish(arrival, step)
 
-    def republish(self, arrival: Arrival, step: Step) -> None:
+    def republish(self, arrival: Arrival, step: Ruling) -> None:
         """Publish the task again for the capped countdown; ack the original after."""
         request = arrival.request
         # never past its expiry: it then arrives expired, and ends as Celery ends those
@@ -85,7 +85,7 @@ class Waits:
         request.acknowledge()
         task_ready(request)
 
-    def park(self, arrival: Arrival, step: Step, label: str) -> bool:
+    def park(self, arrival: Arrival, step: Ruling, label: str) -> bool:
         """Park the task in the funnels' Redis until its slot; ack the original after.
         False when it could not be parked (it is held, to try again shortly)."""
         request = arrival.request

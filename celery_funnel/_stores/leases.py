@@ -28,14 +28,14 @@ from .._limiter.keys import lease_keys, parked_keys
 from .park import Release, decode_message
 from .store import RedisStore, text
 
-__all__ = ["Handed", "Holder", "Lease", "LeaseStore", "Renewal", "Seat", "seats_of"]
+__all__ = ["Handed", "Holder", "Lease", "LeaseStore", "Renewal", "SlotFunnel", "slot_funnels_of"]
 
 logger = logging.getLogger("celery_funnel")
 US = 1_000_000
 
 
 @dataclass(frozen=True)
-class Seat:
+class SlotFunnel:
     """One concurrency funnel a run needs a slot in: at most ``n`` at once on ``key``
     (its funnel key; the lease keys are beside it); ``label`` names it."""
 
@@ -44,17 +44,17 @@ class Seat:
     label: str
 
 
-Handed = tuple[Seat, str]  # a waiter (task id) handed a slot of a funnel
+Handed = tuple[SlotFunnel, str]  # a waiter (task id) handed a slot of a funnel
 
 
-def seats_of(raw: Any) -> tuple[Seat, ...]:
-    """Seats as a header carries them (``[[n, key, label], ...]``)."""
-    return tuple(Seat(int(n), str(key), str(label)) for n, key, label in raw or ())
+def slot_funnels_of(raw: Any) -> tuple[SlotFunnel, ...]:
+    """SlotFunnels as a header carries them (``[[n, key, label], ...]``)."""
+    return tuple(SlotFunnel(int(n), str(key), str(label)) for n, key, label in raw or ())
 
 
-def header_of(seats: Sequence[Seat]) -> list[list[Any]]:
-    """``seats`` as a header carries them."""
-    return [[seat.n, seat.key, seat.label] for seat in seats]
+def header_of(slot_funnels: Sequence[SlotFunnel]) -> list[list[Any]]:
+    """``slot_funnels`` as a header carries them."""
+    return [[slot_funnel.n, slot_funnel.key, slot_funnel.label] for slot_funnel in slot_funnels]
 
 
 @dataclass(frozen=True)
@@ -63,12 +63,13 @@ class Lease:
 
     task_id: str
     token: str
-    seats: tuple[Seat, ...]
+    slot_funnels: tuple[SlotFunnel, ...]
 
     def header(self) -> dict[str, Any]:
         """What the run carries in its ``celery_funnel`` header, to give its slots back
         from the process that runs it."""
-        return {"lease": {"token": self.token, "seats": header_of(self.seats)}}
+        # "seats": the header's name before 0.4, kept: messages in flight carry it
+        return {"lease": {"token": self.token, "seats": header_of(self.slot_funnels)}}
 
     @classmethod
     def from_header(cls, task_id: str, header: Any) -> Lease | None:
@@ -76,7 +77,7 @@ class Lease:
         raw = header.get("lease") if isinstance(header, dict) else None
         if not isinstance(raw, dict) or not raw.get("token"):
             return None
-        return cls(task_id, str(raw["token"]), seats_of(raw["seats"]))
+        return cls(task_id, str(raw["token"]), slot_funnels_of(raw["seats"]))
 
 
 @dataclass(frozen=True)
@@ -102,15 +103,15 @@ class Renewal:
     promoted: list[Handed]
 
 
-def _handed(seats: Sequence[Seat], items: Iterable[Any]) -> list[Handed]:
+def _handed(slot_funnels: Sequence[SlotFunnel], items: Iterable[Any]) -> list[Handed]:
     """The waiters a script handed slots, from its "<funnel index>:<task id>" items."""
     pairs = (text(item).split(":", 1) for item in items)
-    return [(seats[int(index) - 1], task_id) for index, task_id in pairs]
+    return [(slot_funnels[int(index) - 1], task_id) for index, task_id in pairs]
 
 
-def _keys_and_counts(seats: Sequence[Seat]) -> tuple[list[str], list[int]]:
-    keys = [key for seat in seats for key in lease_keys(seat.key)]
-    return keys, [seat.n for seat in seats]
+def _keys_and_counts(slot_funnels: Sequence[SlotFunnel]) -> tuple[list[str], list[int]]:
+    keys = [key for slot_funnel in slot_funnels for key in lease_keys(slot_funnel.key)]
+    return keys, [slot_funnel.n for slot_funnel in slot_funnels]
 
 
 class LeaseStore(RedisStore):
@@ -134,41 +135,51 @@ class LeaseStore(RedisStore):
         self._wake = self._register("_parked", "lease_wake")
 
     def acquire(
-        self, seats: Sequence[Seat], task_id: str, worker: str
+        self, slot_funnels: Sequence[SlotFunnel], task_id: str, worker: str
     ) -> tuple[Lease | None, list[Handed]]:
-        """Take a slot in every one of ``seats`` for ``task_id``, all or none: the lease
+        """Take a slot in every one of ``slot_funnels`` for ``task_id``, all or none: the lease
         (None: refused, nothing taken) and the waiters this call handed a slot."""
         token = uuid.uuid4().hex
-        keys, counts = _keys_and_counts(seats)
+        keys, counts = _keys_and_counts(slot_funnels)
         reply = self._script(
             self._acquire, keys, task_id, f"{token}|{worker}", self.ttl_us, *counts
         )
-        lease = Lease(task_id, token, tuple(seats)) if int(reply[0]) else None
-        return lease, _handed(seats, reply[2:])
+        lease = Lease(task_id, token, tuple(slot_funnels)) if int(reply[0]) else None
+        return lease, _handed(slot_funnels, reply[2:])
 
-    def enqueue(self, seats: Sequence[Seat], task_id: str, rank: int = 0) -> list[Handed]:
-        """Queue parked ``task_id`` for a slot in ``seats``, behind the waiters of its
+    def enqueue(
+        self, slot_funnels: Sequence[SlotFunnel], task_id: str, rank: int = 0
+    ) -> list[Handed]:
+        """Queue parked ``task_id`` for a slot in ``slot_funnels``, behind the waiters of its
         priority ``rank`` (0 first, 0..255) and ahead of less urgent ones; the waiters
         handed a slot."""
-        keys, counts = _keys_and_counts(seats)
+        keys, counts = _keys_and_counts(slot_funnels)
         args = (task_id, self.ttl_us, rank, *counts)
-        return _handed(seats, self._script(self._enqueue, keys, *args))
+        return _handed(slot_funnels, self._script(self._enqueue, keys, *args))
 
-    def release(self, seats: Sequence[Seat], task_id: str, token: str) -> tuple[int, list[Handed]]:
+    def release(
+        self, slot_funnels: Sequence[SlotFunnel], task_id: str, token: str
+    ) -> tuple[int, list[Handed]]:
         """Give back the slots ``task_id`` holds under ``token`` ("": a slot handed to
         it while parked, and its place in the queue; "*": whatever holds them). How
         many were given back, and the waiters handed them."""
-        keys, counts = _keys_and_counts(seats)
+        keys, counts = _keys_and_counts(slot_funnels)
         reply = self._script(self._release, keys, task_id, token, self.ttl_us, *counts)
-        return int(reply[0]), _handed(seats, reply[1:])
+        return int(reply[0]), _handed(slot_funnels, reply[1:])
 
-    def renew(self, funnels: Sequence[Seat], held: dict[str, list[tuple[str, str]]]) -> Renewal:
+    def renew(
+        self, funnels: Sequence[SlotFunnel], held: dict[str, list[tuple[str, str]]]
+    ) -> Renewal:
         """Renew the leases ``held`` (funnel key -> [(task id, token)]) in one call, and
         sweep every one of ``funnels`` for leases that ran out."""
         keys, args = _keys_and_counts(funnels)[0], [str(self.ttl_us)]
-        for seat in funnels:
-            pairs = held.get(seat.key, [])
-            args += [str(seat.n), str(len(pairs)), *(item for pair in pairs for item in pair)]
+        for slot_funnel in funnels:
+            pairs = held.get(slot_funnel.key, [])
+            args += [
+                str(slot_funnel.n),
+                str(len(pairs)),
+                *(item for pair in pairs for item in pair),
+            ]
         reply = [text(item) for item in self._script(self._renew, keys, *args)]
         count = int(reply[0])
         gone = []

@@ -18,8 +18,8 @@ from celery_funnel import Funnel, RedisFunnel
 from celery_funnel._limiter.decision import Reservation
 
 NOW = 1_700_000_000.0
-Step = Callable[[Funnel], Any]
-STEPS: dict[str, Callable[[str, float], Step]] = {
+Ruling = Callable[[Funnel], Any]
+STEPS: dict[str, Callable[[str, float], Ruling]] = {
     "gcra": lambda k, t: lambda f: f.throttle(k, 1, 10, 1, now=t),
     "reserve": lambda k, t: lambda f: f.reserve(k, 1, 10, 1, ticket="t", max_wait=0.3, now=t),
     "fixed_window": lambda k, t: lambda f: f.fixed_window(k, 3, 1, now=t),

@@ -23,7 +23,7 @@ from celery_funnel._config.runtime import runtime_for
 from celery_funnel._gate import inflight as _inflight
 from celery_funnel._gate.decisions import STAND_IN, InFlightDecisions
 from celery_funnel._gate.inflight import InFlight
-from celery_funnel._gate.judge import Charge, State, Step, Subject, judge
+from celery_funnel._gate.judge import Charge, Ruling, State, Subject, judge
 from celery_funnel._gate.live import live_for
 from celery_funnel._limiter.keys import tickets_key
 from celery_funnel.testing import RedisServer
@@ -221,7 +221,7 @@ def test_a_call_reused_for_the_same_charges_carries_each_tasks_own_ticket(
         subjects = [Subject("t", task_id, "allow") for task_id in ("a", "b", "c")]
         calls = [gate.call(s, [charge], State()) for s in subjects]
         assert len(gate.calls) == 1  # captured once, for the three tasks
-        steps: dict[str, Step] = {}
+        steps: dict[str, Ruling] = {}
 
         def resume(subject: Subject, reply: Any) -> None:
             assert not isinstance(reply, BaseException), reply

@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from celery_funnel._limiter.keys import task_key
-from celery_funnel._stores.leases import LeaseStore, Seat
+from celery_funnel._stores.leases import LeaseStore, SlotFunnel
 from celery_funnel._stores.park import ParkStore
 from tests.polling import wait_for
 
@@ -23,13 +23,13 @@ def prefix() -> str:
     return f"t{uuid.uuid4().hex[:8]}:"
 
 
-def seat(prefix: str, n: int, name: str = "job") -> Seat:
-    return Seat(n, task_key(prefix, name), name)
+def slot_funnel(prefix: str, n: int, name: str = "job") -> SlotFunnel:
+    return SlotFunnel(n, task_key(prefix, name), name)
 
 
 def test_n_slots_then_waiters_in_arrival_order(redis_client: redis.Redis, prefix: str) -> None:
     store = LeaseStore(redis_client, prefix, 30.0)
-    two = [seat(prefix, 2)]
+    two = [slot_funnel(prefix, 2)]
     a, _ = store.acquire(two, "a", "w1")
     b, _ = store.acquire(two, "b", "w1")
     assert a is not None
@@ -54,7 +54,7 @@ def test_n_slots_then_waiters_in_arrival_order(redis_client: redis.Redis, prefix
 
 def test_all_or_none_over_several_funnels(redis_client: redis.Redis, prefix: str) -> None:
     store = LeaseStore(redis_client, prefix, 30.0)
-    free, full = seat(prefix, 1, "free"), seat(prefix, 1, "full")
+    free, full = slot_funnel(prefix, 1, "free"), slot_funnel(prefix, 1, "full")
     assert store.acquire([full], "x", "w")[0] is not None
     assert store.acquire([free, full], "y", "w")[0] is None
     assert store.holders(free.key) == []  # nothing kept in the funnel that had room
@@ -62,13 +62,13 @@ def test_all_or_none_over_several_funnels(redis_client: redis.Redis, prefix: str
 
 def test_a_lease_not_renewed_runs_out(redis_client: redis.Redis, prefix: str) -> None:
     short = LeaseStore(redis_client, prefix, 0.2)
-    one = [seat(prefix, 1)]
+    one = [slot_funnel(prefix, 1)]
     held, _ = short.acquire(one, "dead", "w1")
     assert held is not None
     short.enqueue(one, "waiter")
-    promoted: list[tuple[Seat, str]] = []
+    promoted: list[tuple[SlotFunnel, str]] = []
 
-    def swept() -> list[tuple[Seat, str]]:  # another worker's renewal sweeps the funnel
+    def swept() -> list[tuple[SlotFunnel, str]]:  # another worker's renewal sweeps the funnel
         promoted.extend(short.renew(one, {}).promoted)
         return promoted
 
@@ -79,7 +79,7 @@ def test_a_lease_not_renewed_runs_out(redis_client: redis.Redis, prefix: str) ->
 
 def test_one_call_renews_every_lease(redis_client: redis.Redis, prefix: str) -> None:
     store = LeaseStore(redis_client, prefix, 30.0)
-    one, two = seat(prefix, 1, "one"), seat(prefix, 2, "two")
+    one, two = slot_funnel(prefix, 1, "one"), slot_funnel(prefix, 2, "two")
     a, _ = store.acquire([one, two], "a", "w")
     b, _ = store.acquire([two], "b", "w")
     assert a is not None
@@ -111,7 +111,7 @@ def test_a_more_urgent_waiter_is_handed_a_slot_first(
     redis_client: redis.Redis, prefix: str
 ) -> None:
     store = LeaseStore(redis_client, prefix, 30.0)
-    one = [seat(prefix, 1)]
+    one = [slot_funnel(prefix, 1)]
     a, _ = store.acquire(one, "a", "w1")
     assert a is not None
     assert store.enqueue(one, "late", rank=9) == []

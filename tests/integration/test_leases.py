@@ -25,7 +25,7 @@ import redis
 from celery import Celery
 
 from celery_funnel._limiter.keys import task_key
-from celery_funnel._stores.leases import Holder, LeaseStore, Seat
+from celery_funnel._stores.leases import Holder, LeaseStore, SlotFunnel
 from celery_funnel.dashboard._state import funnel_state
 from celery_funnel.testing import CeleryWorkers, RedisServer, peak
 from tests.integration.lease_proj import ENDS, STARTS, make_app
@@ -200,7 +200,7 @@ def ends(cluster: Cluster) -> Iterator[Cluster]:
     yield cluster
     key = task_key(PREFIX, "leases.ends")
     for holder in cluster.holders("leases.ends"):
-        cluster.store.release([Seat(1, key, "leases.ends")], holder.task_id, "*")
+        cluster.store.release([SlotFunnel(1, key, "leases.ends")], holder.task_id, "*")
 
 
 @pytest.mark.parametrize("how", ENDINGS)

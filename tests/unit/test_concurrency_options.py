@@ -17,7 +17,7 @@ from celery_funnel._limiter.concurrency import Concurrency
 from celery_funnel._limiter.keys import lease_keys, parse_key, task_key
 from celery_funnel._limiter.limit import key_part
 from celery_funnel._limiter.rate import Rate
-from celery_funnel._stores.leases import Lease, Seat
+from celery_funnel._stores.leases import Lease, SlotFunnel
 
 
 def settings(limits: Any, **conf: Any) -> FunnelSettings:
@@ -110,7 +110,9 @@ def test_bad_task_options_fail_at_the_decorator(options: dict[str, Any], message
 
 
 def test_a_lease_travels_in_the_header() -> None:
-    lease = Lease("id-1", "token", (Seat(3, "funnel:{t}", "t"), Seat(1, "funnel:{limit:*}", "l")))
+    lease = Lease(
+        "id-1", "token", (SlotFunnel(3, "funnel:{t}", "t"), SlotFunnel(1, "funnel:{limit:*}", "l"))
+    )
     assert Lease.from_header("id-1", lease.header()) == lease
     assert Lease.from_header("id-1", {"gate": "h:1"}) is None
     assert Lease.from_header("id-1", None) is None

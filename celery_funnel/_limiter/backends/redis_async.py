@@ -2,7 +2,7 @@
 
 The same scripts on the same keys, so an asyncio web app, a script and Celery workers
 share one funnel; the same methods and answers, awaited. Each method is ``Funnel``'s own,
-run through ``_steps.awaited``: the strategies build the call and decode the reply as
+run through ``_awaited.awaited``: the strategies build the call and decode the reply as
 they do for ``RedisFunnel``; only the round trip is awaited.
 """
 
@@ -22,8 +22,8 @@ from ..errors import ConfigurationError
 from ..guard import limit_method
 from ..keys import tickets_key
 from ..scripts import Arg, Call, Reply, Script
+from ._awaited import awaited
 from ._clients import async_client_from_url
-from ._steps import awaited
 from .base import Funnel
 from .redis import (
     DEFAULT_TIMEOUT_SECONDS,

@@ -1,4 +1,4 @@
-"""The worker gate's side of concurrency limits: which slots a run needs (``Seats.of``),
+"""The worker gate's side of concurrency limits: which slots a run needs (``SlotFunnels.of``),
 taking them before the run reaches the pool, and queueing a refused run as a parked
 waiter (``_leases``), published again when a slot is handed to it.
 
@@ -16,14 +16,14 @@ from .._config.options import concurrency_of, option_of
 from .._config.runtime import Runtime
 from .._limiter.concurrency import Concurrency
 from .._limiter.limit import key_part
-from .._stores.leases import Lease, Seat, seats_of
+from .._stores.leases import Lease, SlotFunnel, slot_funnels_of
 from .charges import matching
 from .leases import Leases, connect, leases_for
 from .live import live_for
 from .overrides import concurrency_for
 from .state import HEADER
 
-__all__ = ["WAIT_SECONDS", "Seats"]
+__all__ = ["WAIT_SECONDS", "SlotFunnels"]
 
 # A waiter is released when a slot is handed to it; failing that (a Redis failure
 # between parking it and queueing it, its queue deleted by ``reset``), after an hour,
@@ -31,7 +31,7 @@ __all__ = ["WAIT_SECONDS", "Seats"]
 WAIT_SECONDS = 3600.0
 
 
-class Seats:
+class SlotFunnels:
     """The slots of task requests for one app in one worker (``node``: its name;
     ``hostname``: the safe key part of it, for ``"scope": "worker"``)."""
 
@@ -61,7 +61,7 @@ class Seats:
 
     def of(
         self, type_: str, name: str, args: Sequence[Any], kwargs: Mapping[str, Any]
-    ) -> list[Seat]:
+    ) -> list[SlotFunnel]:
         """The slots one run of task ``type_`` (sent as ``name``) needs.
 
         Raises:
@@ -70,23 +70,25 @@ class Seats:
         """
         if not self.on:
             return []
-        seats: list[Seat] = []
+        slot_funnels: list[SlotFunnel] = []
         task = self.app.tasks.get(type_)
         n = concurrency_of(task) if task is not None else None
         table = live_for(self.app).overrides  # `celery funnel set NAME --concurrency N`
         if n is not None:
             part = key_part(option_of(task, "funnel_key"), task.run, args, kwargs)
             n = concurrency_for(table, type_, n) or n
-            seats.append(Seat(n, self.runtime.task_key(type_, part), type_))
+            slot_funnels.append(SlotFunnel(n, self.runtime.task_key(type_, part), type_))
         for limit in self._worker_wide(name):
             worker = self.hostname if limit.scope == "worker" else ""
             key = self.runtime.limit_key(limit.pattern, worker)
             label = f"limit:{limit.pattern}"
-            seats.append(Seat(concurrency_for(table, label, limit.n) or limit.n, key, label))
-        return seats
+            slot_funnels.append(
+                SlotFunnel(concurrency_for(table, label, limit.n) or limit.n, key, label)
+            )
+        return slot_funnels
 
-    def take(self, request: Any, seats: Sequence[Seat]) -> Lease | None:
-        """Take every slot of ``seats`` for ``request``: the lease, or None when it
+    def take(self, request: Any, slot_funnels: Sequence[SlotFunnel]) -> Lease | None:
+        """Take every slot of ``slot_funnels`` for ``request``: the lease, or None when it
         must wait (nothing taken).
 
         Raises:
@@ -94,15 +96,15 @@ class Seats:
         """
         leases = self.leases
         promised = (request.request_dict.get(HEADER) or {}).get("promised")
-        elsewhere = [s for s in seats_of(promised) if s not in seats]
+        elsewhere = [s for s in slot_funnels_of(promised) if s not in slot_funnels]
         if elsewhere:  # handed a slot another worker counts: give it up there
             leases.hand_on(leases.store.release(elsewhere, request.id, "")[1])
-        lease, promoted = leases.store.acquire(seats, request.id, self.node)
-        leases.know(seats)
+        lease, promoted = leases.store.acquire(slot_funnels, request.id, self.node)
+        leases.know(slot_funnels)
         leases.hand_on(promoted)
         return lease
 
-    def queue(self, request: Any, seats: Sequence[Seat], rank: int = 0) -> None:
+    def queue(self, request: Any, slot_funnels: Sequence[SlotFunnel], rank: int = 0) -> None:
         """``request`` was parked: queue it for a slot (it may get one at once), behind
         the waiters of its priority ``rank`` (the broker's order, 0 first).
 
@@ -110,7 +112,7 @@ class Seats:
             BackendError: when Redis fails.
         """
         leases = self.leases
-        leases.hand_on(leases.store.enqueue(seats, request.id, rank))
+        leases.hand_on(leases.store.enqueue(slot_funnels, request.id, rank))
 
     def started(self, lease: Lease, request: Any) -> None:
         """The run of ``request`` holding ``lease`` goes to the pool: renew it until
@@ -131,9 +133,9 @@ class Seats:
         """``request`` ends without running (revoked, expired): give up a slot handed
         to it while parked, and its place in the queue. Never raises."""
         try:
-            seats = self.of(request.type, request.name, request.args, request.kwargs)
-            if seats:
+            slot_funnels = self.of(request.type, request.name, request.args, request.kwargs)
+            if slot_funnels:
                 leases = self.leases
-                leases.hand_on(leases.store.release(seats, request.id, "")[1])
+                leases.hand_on(leases.store.release(slot_funnels, request.id, "")[1])
         except Exception:  # the handed slot runs out after the TTL
             return

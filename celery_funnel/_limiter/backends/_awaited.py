@@ -1,7 +1,7 @@
 """A decision written once, run awaited: ``awaited`` runs any step over a ``Funnel`` (its
 methods, a limit's check) with its script calls sent by a coroutine.
 
-A step runs against ``Steps``, a store that answers its script calls from the replies
+A step runs against ``KnownReplies``, a store that answers its script calls from the replies
 known so far and stops it (``Needs``) at the first call not answered yet; the coroutine
 sends that call (or batch: ``throttle_many``), and the step runs again from its start
 with one more reply known. Arguments are built and replies decoded by the strategies,
@@ -16,7 +16,7 @@ from typing import NoReturn, TypeVar
 from ..scripts import Arg, Call, Reply, Script
 from .base import Funnel
 
-__all__ = ["Needs", "Steps", "awaited"]
+__all__ = ["KnownReplies", "Needs", "awaited"]
 
 T = TypeVar("T")
 RunMany = Callable[[Sequence[Call]], Awaitable[list[Reply]]]
@@ -34,7 +34,7 @@ class Needs(BaseException):
         return ", ".join(call[0].name for call in self.calls)
 
 
-class Steps(Funnel):
+class KnownReplies(Funnel):
     """A store whose script calls are answered, batch by batch, from ``replies``."""
 
     def __init__(self, replies: Sequence[list[Reply]]) -> None:
@@ -59,6 +59,6 @@ async def awaited(step: Callable[[Funnel], T], run_many: RunMany) -> T:
     known: list[list[Reply]] = []
     while True:
         try:
-            return step(Steps(known))
+            return step(KnownReplies(known))
         except Needs as needs:
             known.append(await run_many(needs.calls))
