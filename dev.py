@@ -5,6 +5,7 @@
     python3 dev.py test      # lint, type-check and run the whole test suite
     python3 dev.py bench     # every benchmark: writes BENCHMARKS.md and bench/plots/
     python3 dev.py compat    # the Celery tests on the oldest and newest supported releases
+    python3 dev.py docs      # the docs site, built strictly (a warning is an error) into site/
 
 Each command creates a virtual environment (./.venv, or $CELERY_FUNNEL_VENV) on first use
 and installs the project into it with just the extras that command needs.
@@ -119,6 +120,18 @@ def compat(rest: list[str]) -> None:
         )
 
 
+def docs(rest: list[str]) -> None:
+    """The options and settings reference written from the code, then the site built
+    with warnings as errors (``serve`` as the first argument: a live preview)."""
+    py = ensure("docs")
+    sh(py, "-m", "celery_funnel._config.reference", "docs/reference.md")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    if rest[:1] == ["serve"]:
+        sh(py, "-m", "mkdocs", "serve", *rest[1:], env=env)
+    else:
+        sh(py, "-m", "mkdocs", "build", "--strict", *rest, env=env)
+
+
 def main(argv: list[str]) -> None:
     command, rest = (argv[0], argv[1:]) if argv else ("test", [])
     if command == "test":
@@ -142,6 +155,8 @@ def main(argv: list[str]) -> None:
         sh(py, "bench/run.py", *rest)
     elif command == "compat":
         compat(rest)
+    elif command == "docs":
+        docs(rest)
     else:
         sys.exit(__doc__)
 
