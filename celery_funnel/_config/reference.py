@@ -23,7 +23,10 @@ OPTION_HELP: dict[str, tuple[str, str]] = {
         " The same forms wherever a rate is given: `funnel_limits` entries,"
         " `celery funnel set`, the dashboard",
     ),
-    "funnel_capacity": ("1", "how many may start back to back from an idle funnel (1 to 1 000 000)"),
+    "funnel_capacity": (
+        "1",
+        "how many may start back to back from an idle funnel (1 to 1 000 000)",
+    ),
     "funnel_strategy": (
         '`"gcra"`',
         'or `"fixed_window"`, `"sliding_window"`, `"sliding_log"` (these book no slot)',
