@@ -3,12 +3,29 @@ time until stopped, a failing pass reported once and tried again after a pause."
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
 from celery import bootsteps
 
-__all__ = ["Loop", "LoopStep"]
+from .._limiter.errors import BackendError, FunnelError
+
+__all__ = ["Loop", "LoopStep", "log_failure"]
+
+logger = logging.getLogger("celery_funnel")
+
+
+def log_failure(what: str, error: Exception) -> None:
+    """``what`` failed with ``error``, in one line: an outage of the funnels' Redis at
+    INFO (the gates report it once, at WARNING), another of the package's errors (a
+    configuration fault names its fix) at ERROR. The traceback only under ``-l DEBUG``,
+    or for an error of no known kind (a bug)."""
+    level = logging.INFO if isinstance(error, BackendError) else logging.ERROR
+    trace = not isinstance(error, FunnelError) or logger.isEnabledFor(logging.DEBUG)
+    logger.log(
+        level, "celery-funnel: %s failed: %s", what, error, exc_info=error if trace else None
+    )
 
 
 class Loop:
