@@ -60,9 +60,9 @@ def _echo_rows(ctx: click.Context, rows: list[dict[str, Any]], as_json: bool) ->
         "in_use", "note",
     ]  # fmt: skip
     widths = {c: max([len(c), *(len(str(r.get(c, ""))) for r in rows)]) for c in columns}
-    ctx.obj.echo("  ".join(c.ljust(widths[c]) for c in columns))
+    ctx.obj.echo("  ".join(c.ljust(widths[c]) for c in columns).rstrip())
     for row in rows:
-        ctx.obj.echo("  ".join(str(row.get(c, "")).ljust(widths[c]) for c in columns))
+        ctx.obj.echo("  ".join(str(row.get(c, "")).ljust(widths[c]) for c in columns).rstrip())
         show_holders(ctx, row)
         if "error" in row:
             ctx.obj.echo(f"  error: {row['error']}")
