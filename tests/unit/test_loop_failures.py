@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from redis.exceptions import ReadOnlyError
 
 from celery_funnel import BackendConfigurationError, BackendError
 from celery_funnel._celery.loop import log_failure
@@ -23,6 +24,7 @@ def _raised(error: Exception) -> Exception:
     ("error", "level"),
     [
         (BackendError("Error 111 connecting to 127.0.0.1:6379. Connection refused."), "INFO"),
+        (ReadOnlyError("You can't write against a read only replica."), "INFO"),
         (BackendConfigurationError("Redis refused the user: fix its ACL"), "ERROR"),
     ],
 )
