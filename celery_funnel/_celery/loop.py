@@ -3,12 +3,32 @@ time until stopped, a failing pass reported once and tried again after a pause."
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
 from celery import bootsteps
+from redis.exceptions import RedisError
 
-__all__ = ["Loop", "LoopStep"]
+from .._limiter.errors import BackendError, FunnelError
+
+__all__ = ["Loop", "LoopStep", "log_failure"]
+
+logger = logging.getLogger("celery_funnel")
+
+
+def log_failure(what: str, error: Exception) -> None:
+    """``what`` failed with ``error``, in one line: the funnels' Redis failing (an outage,
+    or a refusal such as a read-only replica) at INFO, as the gates and the start check
+    report it already; another of the package's errors (a configuration fault names its
+    fix) at ERROR. The traceback only under ``-l DEBUG``, or for an error of no known kind
+    (a bug)."""
+    from_redis = isinstance(error, (BackendError, RedisError))
+    level = logging.INFO if from_redis else logging.ERROR
+    trace = not (from_redis or isinstance(error, FunnelError)) or logger.isEnabledFor(logging.DEBUG)
+    logger.log(
+        level, "celery-funnel: %s failed: %s", what, error, exc_info=error if trace else None
+    )
 
 
 class Loop:

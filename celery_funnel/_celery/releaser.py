@@ -21,11 +21,10 @@ from .._config.options import limits_of
 from .._config.runtime import runtime_for
 from .._gate.fair import Dispatcher
 from .._gate.publish import publish
-from .._limiter.errors import BackendError
 from .._stores.fair import FairStore
 from .._stores.park import ParkStore, Release
 from . import backlog
-from .loop import Loop, LoopStep
+from .loop import Loop, LoopStep, log_failure
 
 __all__ = ["Releaser", "ReleaserStep", "park_store"]
 
@@ -57,9 +56,7 @@ class Releaser(Loop):
         self.dispatcher = Dispatcher(FairStore(store.client, prefix)) if fair else None
 
     def failed(self, error: Exception) -> None:
-        # an outage of the funnels' Redis is reported once by the gates (WARNING)
-        level = logging.INFO if isinstance(error, BackendError) else logging.ERROR
-        logger.log(level, "celery-funnel: releasing parked tasks failed: %s", error, exc_info=True)
+        log_failure("releasing parked tasks", error)
 
     def recovered(self) -> None:
         logger.info("celery-funnel: releasing parked tasks works again")

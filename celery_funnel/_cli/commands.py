@@ -19,7 +19,8 @@ from .._limiter.backends._clients import mask_url
 from .._limiter.backends.redis import RedisFunnel
 from .._limiter.errors import ConfigurationError
 from .._limiter.keys import FunnelKey
-from .._ops.control import families, overrides, owner
+from .._ops.configured import concurrency_in_force, idle_rows, in_force
+from .._ops.control import Override, families, overrides, owner
 from .._ops.view import Failure, Found, at, describe, fair_lines, find, limit_of, resolve
 from .._stores.check import acl_line, check
 from .._stores.park import ParkStore
@@ -56,12 +57,12 @@ def _echo_rows(ctx: click.Context, rows: list[dict[str, Any]], as_json: bool) ->
         return
     columns = [
         "key", "kind", "rate", "capacity", "remaining", "reset_after", "reservations", "parked",
-        "in_use",
+        "in_use", "note",
     ]  # fmt: skip
     widths = {c: max([len(c), *(len(str(r.get(c, ""))) for r in rows)]) for c in columns}
-    ctx.obj.echo("  ".join(c.ljust(widths[c]) for c in columns))
+    ctx.obj.echo("  ".join(c.ljust(widths[c]) for c in columns).rstrip())
     for row in rows:
-        ctx.obj.echo("  ".join(str(row.get(c, "")).ljust(widths[c]) for c in columns))
+        ctx.obj.echo("  ".join(str(row.get(c, "")).ljust(widths[c]) for c in columns).rstrip())
         show_holders(ctx, row)
         if "error" in row:
             ctx.obj.echo(f"  error: {row['error']}")
@@ -81,19 +82,23 @@ def funnel(ctx: click.Context) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
-    """Every funnel under the key prefix: its limit, remaining, reset_after, bookings."""
+    """Every funnel of the app, idle ones too, and every funnel under the key prefix:
+    its limit in force (a live override included), remaining, reset_after, bookings."""
     runtime, backend = _connect(ctx)
     found = find(backend.client, runtime.settings.key_prefix)
-    rows = [describe(backend, k, limit_of(runtime, k)) for k in found.funnels]
     store = ParkStore(backend.client, runtime.settings.key_prefix)
     counts = store.counts() if found.parked else {}
     entries, known = overrides(ctx.obj.app), families(ctx.obj.app)
-    for key, row in zip(found.funnels, rows, strict=True):
-        row["parked"] = counts.get(row["name"], 0)
+    rows = []
+    for key in found.funnels:
         name = owner(ctx.obj.app, key, known)
-        if name in entries:
-            row["override"] = entries[name].as_dict()
-    rows += lease_rows(runtime, backend.client, found)
+        row = _funnel_row(runtime, backend, key, entries.get(name or ""))
+        row["parked"] = counts.get(row["name"], 0)
+        rows.append(row)
+    for row in lease_rows(runtime, backend.client, found):
+        name = owner(ctx.obj.app, FunnelKey(row["key"], row["name"]), known)
+        rows.append(_lease_row(row, entries.get(name or "")))
+    rows += idle_rows(runtime, found, entries)
     _echo_rows(ctx, rows, as_json)
     if found.parked and not as_json:
         summary = parked_summary(store)
@@ -109,6 +114,31 @@ def status(ctx: click.Context, as_json: bool) -> None:
         ctx.obj.echo(f"({found.foreign} other keys under the prefix are not funnels: left alone)")
 
 
+def _funnel_row(
+    runtime: Runtime, backend: RedisFunnel, key: FunnelKey, override: Override | None
+) -> dict[str, Any]:
+    """A funnel found in Redis: its limit in force (``override`` applied) and state."""
+    limit, note = limit_of(runtime, key), ""
+    if limit is not None:
+        limit, note = in_force(limit, override)
+    row = describe(backend, key, limit)
+    if override is not None:
+        row["override"] = override.as_dict()
+    if note:
+        row["note"] = note
+    return row
+
+
+def _lease_row(row: dict[str, Any], override: Override | None) -> dict[str, Any]:
+    """A concurrency funnel's row with the N in force (``override`` applied)."""
+    if isinstance(row.get("capacity"), int):
+        n, note = concurrency_in_force(row["capacity"], override)
+        row.update(capacity=n, remaining=max(n - row.get("in_use", 0), 0))
+        if note:
+            row["note"] = note
+    return row
+
+
 def _resolve(runtime: Runtime, backend: RedisFunnel, name: str) -> Found:
     return resolve(runtime, backend.client, name)
 
@@ -121,14 +151,15 @@ def inspect(ctx: click.Context, name: str, as_json: bool) -> None:
     """One funnel NAME (a task name, limit:<pattern>, or a full key) in detail, with
     its booked tickets in local time."""
     runtime, backend = _connect(ctx)
-    funnels = _resolve(runtime, backend, name).funnels
-    if not funnels:
-        raise click.ClickException(f"no funnel {name!r} under {runtime.settings.key_prefix!r}")
+    found = _resolve(runtime, backend, name)
+    funnels, entries = found.funnels, overrides(ctx.obj.app)
+    known = families(ctx.obj.app)
     try:
         now = backend.time()
         rows = []
         for key in funnels:
-            row = describe(backend, key, limit_of(runtime, key))
+            override = entries.get(owner(ctx.obj.app, key, known) or "")
+            row = _funnel_row(runtime, backend, key, override)
             row["tickets"] = [
                 {"ticket": t, "slot": at(slot, now), "in_seconds": round(slot - now, 6)}
                 for t, slot in backend.tickets(key.key, SHOWN)
@@ -136,6 +167,11 @@ def inspect(ctx: click.Context, name: str, as_json: bool) -> None:
             rows.append(row)
     except Failure as exc:
         raise click.ClickException(str(exc)) from None
+    rows += [{**row, "tickets": []} for row in idle_rows(runtime, found, entries, name)]
+    if not rows:
+        raise click.ClickException(
+            f"no funnel {name!r} in this app nor under {runtime.settings.key_prefix!r}"
+        )
     if as_json:
         click.echo(json.dumps(rows[0] if len(rows) == 1 else rows, indent=2))
         return

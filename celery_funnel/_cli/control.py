@@ -85,7 +85,7 @@ def set_command(
 @click.option("--ttl", help="The pause ends by itself after this long: 90s, 30m, 1h.")
 @click.pass_context
 def pause(ctx: click.Context, name: str, ttl: str | None) -> None:
-    """Pause funnel NAME: nothing of it starts; waiting tasks are parked."""
+    """Pause funnel NAME: nothing of it starts; its deferred tasks are parked."""
     entry = _run(ctx, control.pause, name, ttl=ttl)
     ctx.obj.echo(describe_override(ctx.obj.app, name, entry))
 

@@ -68,7 +68,8 @@ class OutageLog:
         if first:
             logger.warning(
                 "celery-funnel: the funnel backend failed (%s); tasks are now handled by"
-                " funnel_on_backend_error=%r until it answers again",
+                " funnel_on_backend_error=%r until it answers again: check that the Redis of"
+                " funnel_redis_url is up and reachable",
                 error,
                 policy,
                 extra={"celery_funnel": {"event": "backend_error", "policy": policy}},

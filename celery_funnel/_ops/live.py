@@ -6,14 +6,13 @@ process, like the releaser)."""
 from __future__ import annotations
 
 import json
-import logging
 import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 from .. import signals
-from .._celery.loop import Loop, LoopStep
+from .._celery.loop import Loop, LoopStep, log_failure
 from .._config.runtime import runtime_for
 from .._gate.gate import WorkerGate
 from .._gate.live import REFRESH_SECONDS, SERIES_KEEP_SECONDS, Live, live_for, series_key
@@ -23,7 +22,6 @@ from . import control
 
 __all__ = ["LiveStep", "LiveThread"]
 
-logger = logging.getLogger("celery_funnel")
 
 ERROR_PAUSE_SECONDS = 2.0
 
@@ -52,7 +50,7 @@ class LiveThread(Loop):
 
     def failed(self, error: Exception) -> None:
         # Redis down: the table keeps its last content; the gates report the outage
-        logger.info("celery-funnel: live refresh failed: %s", error)
+        log_failure("live refresh", error)
 
     def tick(self) -> float:
         """One pass: one pipeline (round trip), then the table and what changed; the

@@ -125,7 +125,7 @@ def describe(funnel: RedisFunnel, key: FunnelKey, limit: Limit | None) -> dict[s
 def fair_lines(row: dict[str, Any]) -> list[str]:
     """A fair funnel's tenants, one line each, for ``status``."""
     return [
-        f"  tenant {t['tenant']}: {t['waiting']} waiting, {t['admitted_per_second']}/s admitted"
+        f"  tenant {t['tenant']}: {t['waiting']} deferred, {t['admitted_per_second']}/s admitted"
         for t in row.get("fair", ())
     ]
 

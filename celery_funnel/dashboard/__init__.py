@@ -1,6 +1,6 @@
 """The web dashboard (``pip install 'celery-funnel[dashboard]'``): every funnel of a
-Celery app live, with its limit, override, level, parked and waiting tasks, admitted and
-refused per second over the last hour, and controls to set, pause, resume and unset.
+Celery app live, with its limit, override, level, parked and held tasks, admitted and
+deferred per second over the last hour, and controls to set, pause, resume and unset.
 
 Run it with ``celery -A proj funnel dashboard [--port 5566] [--host 127.0.0.1]``, or
 mount the ASGI app ``create_app(celery_app)`` in your own (Starlette/FastAPI:

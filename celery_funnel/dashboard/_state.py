@@ -116,14 +116,14 @@ def funnel_state(app: Any, hook: ConcurrencyHook = no_concurrency) -> dict[str, 
             "override": None if override is None else override.as_dict(),
             "level": level,
             "parked": _of(name, parked),
-            "waiting": _of(name, waiting),
+            "held": _of(name, waiting),
             "running": running.get(name) if hook is no_concurrency else hook(app, name),
         })  # fmt: skip
     return {"now": now, "funnels": rows}
 
 
 def series(app: Any, since: float | None = None) -> dict[str, Any]:
-    """Admitted and refused decisions per second and funnel, over the last hour (after
+    """Admitted and deferred decisions per second and funnel, over the last hour (after
     ``since`` only, when given: the page asks for what is new). Seconds without any
     decision are absent; the current second is left out (still being counted)."""
     runtime = runtime_for(app)

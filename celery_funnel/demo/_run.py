@@ -48,7 +48,7 @@ def _starts(client: redis.Redis) -> list[Row]:
 
 
 def _progress(client: redis.Redis, tasks: int, rate: Rate, start: float, timeout: float) -> None:
-    print(f"\n{'second':>6} | {'started':>7} | {'limit':>5} | {'done':>9} | waiting")
+    print(f"\n{'second':>6} | {'started':>7} | {'limit':>5} | {'done':>9} | not started")
     shown = 0
     while True:
         rows = _starts(client)

