@@ -98,8 +98,8 @@ local max_wait = tonumber(ARGV[6])
 if delay > 0 and ticket ~= '' and rank and rank < 255 and n == 1 and max_wait ~= 0
     and redis.call('EXISTS', KEYS[2]) == 1 then
   -- the earliest future slot of a less urgent ticket (tickets without a rank: 0)
-  local ahead = redis.call('ZRANGEBYSCORE', KEYS[1], string.format('(%.0f', now), '+inf',
-    'WITHSCORES', 'LIMIT', 0, bound)
+  local future = string.format('(%.0f', now)
+  local ahead = redis.call('ZRANGEBYSCORE', KEYS[1], future, '+inf', 'WITHSCORES', 'LIMIT', 0, bound)
   if #ahead > 0 then
     local ids = {}
     for j = 1, #ahead, 2 do
