@@ -50,9 +50,9 @@ class ReceivedOnce:
 
     def _filtered(self, send: Callable[..., Any]) -> Callable[..., Any]:
         def filtered(type_: str, *args: Any, **fields: Any) -> Any:
-            if type_ == RECEIVED and self.returning is not None:
-                if fields.get("uuid") == self.returning:
-                    return None
+            returning = self.returning
+            if returning is not None and type_ == RECEIVED and fields.get("uuid") == returning:
+                return None
             return send(type_, *args, **fields)
 
         return filtered

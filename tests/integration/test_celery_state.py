@@ -109,3 +109,57 @@ def test_state_shows_deferred_tasks_received_once_started_then_success_or_revoke
     assert received == dict.fromkeys(ids + slow, 1), received
     assert count == 23
     assert sorted(r["id"] for r in runs(standalone_url)) == sorted(ids + slow[:2])
+
+
+def test_held_tasks_show_in_inspect_scheduled_not_reserved(
+    app: Celery, standalone_url: str
+) -> None:
+    """Tasks held in the worker show where Celery shows tasks that wait for their time
+    (``inspect scheduled``, with the time they are decided again), not as prefetched."""
+    with worker(standalone_url):
+        # 1 per 2 s: the second and third are held (2 s and 4 s, under funnel_park_after)
+        ids = [app.tasks["proj.slow"].delay(n).id for n in range(3)]
+        inspect = app.control.inspect(timeout=5, limit=1)  # one worker: its reply
+        held: dict[str, Any] = {}
+
+        def both_held() -> bool:
+            replies = inspect.scheduled() or {}
+            held.update({s["request"]["id"]: s for r in replies.values() for s in r})
+            return set(ids[1:]) <= set(held)
+
+        wait_for(both_held)
+        reserved = [r["id"] for rs in (inspect.reserved() or {}).values() for r in rs]
+        # celery inspect funnel_waiting: the same, with how and by which funnel
+        (listed,) = (inspect._request("funnel_waiting") or {}).values()
+        wait_for(lambda: len(runs(standalone_url)) == 3, 20)
+        after = inspect.scheduled() or {}
+    assert not set(ids[1:]) & set(reserved), reserved
+    assert held[ids[1]]["eta"] < held[ids[2]]["eta"], held
+    assert held[ids[1]]["request"]["name"] == "proj.slow"
+    assert not [s for r in after.values() for s in r], "nothing held once they ran"
+    waiting = {row["id"]: row for row in listed}
+    assert set(ids[1:]) <= set(waiting), listed
+    assert all(waiting[i]["how"] == "held" for i in ids[1:])
+    assert all(waiting[i]["funnel"] == "proj.slow" for i in ids[1:])
+    assert waiting[ids[1]]["eta"] == held[ids[1]]["eta"]
+
+
+def test_republished_tasks_are_told_apart_from_held_ones(app: Celery, standalone_url: str) -> None:
+    """Parking off, countdowns capped at 1 s: a task that waits 4 s is published again
+    with a countdown; ``inspect funnel_waiting`` says so (Celery's ``scheduled`` lists it
+    as any countdown)."""
+    conf = json.dumps({"funnel_max_countdown": 1.0})
+    with worker(standalone_url, FUNNEL_TEST_PARK="0", FUNNEL_TEST_CONF=conf):
+        ids = [app.tasks["proj.slow"].delay(n).id for n in range(3)]
+        inspect = app.control.inspect(timeout=5, limit=1)  # one worker: its reply
+        seen: dict[str, set[str]] = defaultdict(set)
+
+        def republished() -> bool:
+            for rows in (inspect._request("funnel_waiting") or {}).values():
+                for row in rows:
+                    seen[row["id"]].add(row["how"])
+            return "republished" in seen[ids[2]]
+
+        wait_for(republished)
+        wait_for(lambda: len(runs(standalone_url)) == 3, 20)
+    assert seen[ids[2]] <= {"held", "republished"}, seen
