@@ -27,11 +27,11 @@ def waiting(consumer: Any) -> list[dict[str, Any]]:
     ids = {row["id"] for row in found}
     for waiting_entry in list(consumer.timer.schedule.queue):
         args = getattr(waiting_entry.entry, "args", None) or ()
-        request: Any = args[0] if args else None
-        headers = getattr(request, "request_dict", None)
-        if not isinstance(headers, dict) or HEADER not in headers or request.id in ids:
+        scheduled: Any = args[0] if args else None
+        headers = getattr(scheduled, "request_dict", None)
+        if not isinstance(headers, dict) or HEADER not in headers or scheduled.id in ids:
             continue
-        found.append(_row(request, "republished", "", State.from_headers(headers)))
+        found.append(_row(scheduled, "republished", "", State.from_headers(headers)))
     return sorted(found, key=lambda row: row["eta"] or "")
 
 
