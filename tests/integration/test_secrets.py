@@ -41,3 +41,19 @@ def test_inspect_conf_masks_the_funnels_password(protected: RedisServer) -> None
         assert PASSWORD not in str(conf), conf
         assert conf["funnel_redis_url"] == f"redis://:****@127.0.0.1:{protected.port}/0"
         assert conf["funnel_redis_options"]["password"] == "********"  # Celery's own mask
+
+
+def test_inspect_conf_masks_a_password_given_in_the_urls_query(protected: RedisServer) -> None:
+    """The URL's ``?password=`` form, with a user name: masked as well."""
+    url = f"redis://default@127.0.0.1:{protected.port}/0?password={PASSWORD}"
+    broker = f"redis://:{PASSWORD}@127.0.0.1:{protected.port}/0"
+    app = make_app(broker, url, store_url=broker, worker_enable_remote_control=True)
+    try:
+        with start_worker(app, pool="solo", perform_ping_check=False):
+            replies = app.control.inspect(timeout=5).conf() or {}
+    finally:
+        close_app(app)
+    assert replies, "the worker answered"
+    for conf in replies.values():
+        assert PASSWORD not in str(conf), conf
+        assert conf["funnel_redis_url"].endswith("?password=****"), conf["funnel_redis_url"]
