@@ -80,21 +80,24 @@ def test_state_shows_deferred_tasks_received_once_started_then_success_or_revoke
         ids = [app.tasks["proj.limited"].delay(n).id for n in range(20)]
         # 1 per 2 s: the third waits 4 s, and is revoked while it waits
         slow = [app.tasks["proj.slow"].delay(n).id for n in range(3)]
+        # and one more, whose slot comes after it expires (in 3 s)
+        late = app.tasks["proj.slow"].apply_async((3,), expires=3).id
         wait_for(lambda: any(e["uuid"] == slow[2] for e in events.of(EVENT)))
         app.control.revoke(slow[2])
         wait_for(lambda: all(watched.state_of(i) == "SUCCESS" for i in ids + slow[:2]), 40)
         wait_for(lambda: watched.state_of(slow[2]) == "REVOKED", 20)
+        wait_for(lambda: watched.state_of(late) == "REVOKED", 20)
         count = watched.state.task_count
     deferrals = events.of(EVENT)
-    ways = Counter(e["how"] for e in deferrals)
+    ways = Counter(e["how"] for e in deferrals if e["uuid"] != late)
     assert ways[how] >= 5, ways  # the long waits went the way under test
     assert ways["held"] >= 1, ways
     assert set(ways) <= {"held", how}
     assert all({"funnel", "delay", "deferrals", "how"} <= set(e) for e in deferrals)
     # never a state Celery does not know; deferred then run: STARTED, then SUCCESS
-    for task_id in ids + slow:
+    for task_id in [*ids, *slow, late]:
         assert set(watched.shown[task_id]) <= CELERY_STATES, watched.shown[task_id]
-    deferred = {e["uuid"] for e in deferrals} - {slow[2]}
+    deferred = {e["uuid"] for e in deferrals} - {slow[2], late}
     assert len(deferred) >= 10
     for task_id in deferred:
         shown = watched.shown[task_id]
@@ -104,10 +107,14 @@ def test_state_shows_deferred_tasks_received_once_started_then_success_or_revoke
     assert "STARTED" not in watched.shown[slow[2]], "revoked before it ran"
     (revoked,) = [e for e in events.of("task-revoked") if e["uuid"] == slow[2]]
     assert not revoked["expired"]
+    assert late in {e["uuid"] for e in deferrals}
+    assert "STARTED" not in watched.shown[late], "expired before it ran"
+    (expired,) = [e for e in events.of("task-revoked") if e["uuid"] == late]
+    assert expired["expired"]
     # one task-received per task, whatever way it waited
     received = Counter(e["uuid"] for e in events.of("task-received"))
-    assert received == dict.fromkeys(ids + slow, 1), received
-    assert count == 23
+    assert received == dict.fromkeys([*ids, *slow, late], 1), received
+    assert count == 24
     assert sorted(r["id"] for r in runs(standalone_url)) == sorted(ids + slow[:2])
 
 
