@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,10 +43,10 @@ class Flower:
             "FLOWER_UNAUTHENTICATED_API": "true",
         }  # fmt: skip
         args = [
-            "python", "-m", "celery", "-A", "tests.integration.proj", "flower",
+            sys.executable, "-m", "celery", "-A", "tests.integration.proj", "flower",
             "--address=127.0.0.1", f"--port={self.port}",
         ]  # fmt: skip
-        args[0] = shutil.which("python") or "python"
+        self.log = log
         with open(log, "ab") as out:
             self.process = spawn(args, log=out, env=env, cwd=ROOT)
         self.client = httpx.Client(base_url=self.base, timeout=5)
@@ -56,6 +57,8 @@ class Flower:
         return response.json() if "json" in response.headers.get("content-type", "") else response
 
     def up(self) -> bool:
+        if self.process.poll() is not None:
+            raise RuntimeError(f"flower exited:\n{self.log.read_text()[-2000:]}")
         try:
             return self.client.get("/healthcheck").status_code == 200
         except httpx.HTTPError:
