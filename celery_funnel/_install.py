@@ -24,11 +24,13 @@ def install(app: Any) -> Any:
     they are due, and the one that reads runtime overrides (``control``) and writes the
     dashboard's counts; checks the ``funnel_*`` options of each later ``@app.task(...)``
     call as it is made (``ConfigurationError`` raised from the decorator line); keeps
-    the gate's header out of the messages a run sends (``_celery.outgoing``); and masks
-    the funnels' Redis password in ``inspect conf``. Settings are read when first
-    needed, so ``app.conf`` may be filled in after this call.
+    the gate's header out of the messages a run sends (``_celery.outgoing``); masks
+    the funnels' Redis password in ``inspect conf``; and adds ``inspect funnel_waiting``
+    (``_celery.waiting``). Settings are read when first needed, so ``app.conf`` may be
+    filled in after this call.
     """
     from ._celery.releaser import ReleaserStep  # noqa: PLC0415
+    from ._celery.waiting import register as register_waiting  # noqa: PLC0415
     from ._celery.worker import FunnelGate  # noqa: PLC0415
     from ._ops.live import LiveStep  # noqa: PLC0415 - celery.bootsteps only when installing
 
@@ -41,6 +43,7 @@ def install(app: Any) -> Any:
         _outgoing.connect()
         _backlog.connect()
         mask_conf()
+        register_waiting()  # celery inspect funnel_waiting
         check_definitions(app)
         runtime.installed = True
     return app

@@ -35,13 +35,16 @@ worker-wide limit."""
 task_deferred = Signal(
     name="task_deferred",
     providing_args={
-        "task_id", "funnel", "delay", "deferrals", "booked", "outage", "requeued", "dry_run"
+        "task_id", "funnel", "delay", "deferrals", "booked", "outage", "requeued", "dry_run",
+        "how",
     },
 )  # fmt: skip
 """A task was refused and waits ``delay`` seconds (float): ``requeued`` when it went back
 to the broker, else held in the worker. ``deferrals`` counts them so far; ``booked`` when
 a slot is reserved under the task id; ``outage`` when the wait is a back-off because the
-funnel's Redis failed; ``dry_run`` when the task runs anyway (``funnel_dry_run``)."""
+funnel's Redis failed; ``dry_run`` when the task runs anyway (``funnel_dry_run``);
+``how`` it waits: ``"held"`` in the worker, ``"parked"`` in the funnels' Redis, or
+``"republished"`` to the broker with a countdown."""
 
 task_refused = Signal(name="task_refused", providing_args={"task_id", "funnel", "error"})
 """The funnel failed a task: ``error`` is the exception it raises

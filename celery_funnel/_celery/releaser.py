@@ -13,6 +13,7 @@ which makes those entries due.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from celery.worker import state as worker_state
@@ -45,10 +46,16 @@ class Releaser(Loop):
     error_pause = ERROR_PAUSE_SECONDS
 
     def __init__(
-        self, app: Any, store: ParkStore, lease: float = LEASE_SECONDS, lead: float = LEAD_SECONDS
+        self,
+        app: Any,
+        store: ParkStore,
+        lease: float = LEASE_SECONDS,
+        lead: float = LEAD_SECONDS,
+        revoked: Callable[[str], None] | None = None,
     ) -> None:
         super().__init__()
         self.app, self.store, self.lease, self.lead = app, store, lease, lead
+        self.revoked = revoked  # sends the task-revoked event of a dropped task
         runtime = runtime_for(app)
         prefix = runtime.settings.key_prefix
         # only an app with a fair-share funnel dispatches: others release as before
@@ -62,9 +69,12 @@ class Releaser(Loop):
         logger.info("celery-funnel: releasing parked tasks works again")
 
     def _drop(self, release: Release) -> None:
-        """A revoked task: never published; its result says REVOKED, as Celery's would."""
+        """A revoked task: never published; its result says REVOKED and a
+        ``task-revoked`` event is sent, as Celery ends a revoked task."""
         self.store.accept(release.task_id, release.token, drop=True)
         self.app.backend.mark_as_revoked(release.task_id, "revoked while parked")
+        if self.revoked is not None:
+            self.revoked(release.task_id)
         logger.info("celery-funnel: parked task %s was revoked: dropped", release.task_id)
         backlog.left_parked(self.app, release.task_id, release.message)
 
@@ -117,4 +127,17 @@ class ReleaserStep(LoopStep):
         store = park_store(consumer.app)
         if store is None:
             return None
-        return Releaser(consumer.app, store, runtime_for(consumer.app).settings.park_lease)
+        lease = runtime_for(consumer.app).settings.park_lease
+        return Releaser(consumer.app, store, lease, revoked=lambda i: announce_revoked(consumer, i))
+
+
+def announce_revoked(consumer: Any, task_id: str) -> None:
+    """Send ``task-revoked`` for ``task_id`` from ``consumer``'s worker, when it sends
+    task events (``-E``), with the fields Celery's own carries. From the releaser's
+    thread: on a dispatcher of its own (the consumer's belongs to its event loop)."""
+    dispatcher = consumer.event_dispatcher
+    groups = getattr(dispatcher, "groups", None)
+    if dispatcher is None or not dispatcher.enabled or (groups and "task" not in groups):
+        return
+    with consumer.app.events.default_dispatcher(hostname=consumer.hostname) as own:
+        own.send("task-revoked", uuid=task_id, terminated=False, signum=None, expired=False)

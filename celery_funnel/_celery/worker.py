@@ -14,6 +14,7 @@ from .._config.runtime import runtime_for
 from .._gate.gate import WorkerGate
 from .._limiter.errors import ConfigurationError
 from .checks import check_app, refuse_start
+from .received import ReceivedOnce
 from .task import FunnelTask, limits_of
 
 __all__ = ["FunnelGate", "WorkerGate"]
@@ -57,6 +58,7 @@ class FunnelGate(bootsteps.StartStopStep):  # type: ignore[misc]
         except ConfigurationError as error:
             refuse_start(consumer, error)
             raise
+        ReceivedOnce(consumer)  # a task the gate published again is received once
         settings = runtime_for(consumer.app).settings
         if settings.limits:
             logger.info(

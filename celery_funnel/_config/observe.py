@@ -1,6 +1,12 @@
 """What the gates report about each decision: the package's signals, Celery events
-(``task-deferred``, for Flower and other event consumers) and log lines with the same
-fields in ``extra`` (``record.celery_funnel``), for structured logging."""
+(``funnel-deferred``, for Flower and other event consumers) and log lines with the same
+fields in ``extra`` (``record.celery_funnel``), for structured logging.
+
+The deferral event is not a ``task-*`` event on purpose: Celery's
+``celery.events.state.State`` (what Flower keeps) turns any ``task-<x>`` event into a
+task state ``<X>`` ranked above STARTED and REVOKED, so a deferred task would never
+show STARTED, and one revoked while it waits would never show REVOKED. State ignores an
+event of another group: the task's states stay Celery's own (RECEIVED while it waits)."""
 
 from __future__ import annotations
 
@@ -17,7 +23,9 @@ __all__ = ["EVENT", "Observer"]
 
 logger = logging.getLogger("celery_funnel")
 
-EVENT = "task-deferred"
+EVENT = "funnel-deferred"
+# how a deferred task waits: in the worker, parked in the funnels' Redis, in the broker
+HOW = ("held", "parked", "republished")
 
 SendEvent = Callable[..., Any]
 
@@ -46,8 +54,9 @@ class Observer:
         **fields: Any,
     ) -> None:
         """A task waits ``delay`` seconds; ``fields``: ``deferrals``, ``booked``,
-        ``outage``, ``requeued``, ``dry_run``. ``send_event(type, **fields)`` sends the
-        Celery event (pass it only when events are on) unless it is a dry run."""
+        ``outage``, ``requeued``, ``dry_run``, ``how`` (one of ``HOW``; by default
+        from ``requeued``). ``send_event(type, **fields)`` sends the Celery event
+        (pass it only when events are on) unless it is a dry run."""
         info: dict[str, Any] = {
             "deferrals": 1,
             "booked": False,
@@ -56,6 +65,7 @@ class Observer:
             "dry_run": False,
             **fields,
         }
+        info.setdefault("how", "republished" if info["requeued"] else "held")
         signals.task_deferred.send(sender=name, task_id=task_id, funnel=funnel, delay=delay, **info)
         dry_run = info["dry_run"]
         record: dict[str, Any] = {"event": "deferred", "task": name, "task_id": task_id}

@@ -1,13 +1,20 @@
 """The requests the worker gate holds on the consumer's timer, like ETA tasks: dropped
 when the broker connection closes, and swept once a second for revoked ones, which end
-at once (as Celery ends revoked tasks) and give the slot they booked back."""
+at once (as Celery ends revoked tasks) and give the slot they booked back.
+
+A held request is the first argument of its timer entry and leaves the worker's
+reserved set while it waits, as Celery's ETA tasks do: ``celery inspect scheduled``
+lists it, with the time it is decided again as its ``eta``, and ``inspect reserved``
+does not."""
 
 from __future__ import annotations
 
+import datetime
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from celery.worker.state import reserved_requests, task_ready, task_reserved
 from celery.worker.state import revoked as revoked_tasks
 
 from .._config.runtime import Runtime
@@ -51,6 +58,7 @@ class Held:
     def __init__(self, runtime: Runtime, consumer: Any, release: Release) -> None:
         self.runtime, self.consumer, self.release = runtime, consumer, release
         self._held: dict[str, tuple[Any, Any, Sequence[Charge], State]] = {}
+        self._etas: dict[str, Any] = {}  # the eta each held request came with
         self._sweeper: Any = None
         # the result backends used to end tasks here (Celery keeps one per thread)
         self.backends: dict[int, Any] = {}
@@ -63,6 +71,10 @@ class Held:
     def __len__(self) -> int:
         return len(self._held)
 
+    def listed(self) -> list[tuple[Any, Sequence[Charge], State]]:
+        """Every held request, its charges and header state (a copy)."""
+        return [(entry[0], entry[2], entry[3]) for entry in list(self._held.values())]
+
     def charges(self) -> list[Sequence[Charge]]:
         """The charges of every held request (read from another thread: a copy)."""
         return [entry[2] for entry in list(self._held.values())]
@@ -72,8 +84,9 @@ class Held:
         other tasks keep flowing while it waits), as Celery holds ETA tasks."""
         timer = self.consumer.timer
         self.consumer.qos.increment_eventually()
-        entry = timer.call_after(delay, self._due, (request.id,), priority=6)
+        entry = timer.call_after(delay, self._due, (request,), priority=6)
         self._held[request.id] = (request, entry, charges, state)
+        self._etas.setdefault(request.id, _scheduled(request, delay))
         if self._sweeper is None:
             self._sweeper = timer.call_repeatedly(SWEEP_SECONDS, self.sweep, priority=6)
 
@@ -83,13 +96,21 @@ class Held:
         if held is not None:
             self.consumer.timer.cancel(held[1])
             self.consumer.qos.decrement_eventually()
+            self._reserved(held[0])
 
-    def _due(self, task_id: str) -> None:
-        held = self._held.pop(task_id, None)
-        if held is None:
+    def _reserved(self, request: Any) -> None:
+        """``request`` waits no more: back in the reserved set, with its own eta."""
+        _set_eta(request, self._etas.pop(request.id, None))
+        task_reserved(request)
+
+    def _due(self, request: Any) -> None:
+        held = self._held.get(request.id)
+        if held is None or held[0] is not request:
             return  # dropped with its connection, or revoked
-        request, _entry, charges, state = held
+        del self._held[request.id]
+        _request, _entry, charges, state = held
         self.consumer.qos.decrement_eventually()
+        self._reserved(request)
         self.release(request, charges, state)
 
     def wake(self, labels: set[str]) -> None:
@@ -122,8 +143,10 @@ class Held:
         """Forget every held request: the broker connection they came on is gone, and
         the broker delivers them again (to this worker or another). Returns how many."""
         held, self._held = self._held, {}
-        for _request, entry, _charges, _state in held.values():
+        for request, entry, _charges, _state in held.values():
             self.consumer.timer.cancel(entry)
+            _set_eta(request, self._etas.pop(request.id, None))
+            task_ready(request)  # forgotten by the worker too (not a reserved one)
         if held:
             logger.info(
                 "celery-funnel: the broker connection closed; %d held task(s) dropped,"
@@ -142,3 +165,20 @@ class Held:
             pool = getattr(getattr(backend, "client", None), "connection_pool", None)
             if pool is not None:
                 pool.disconnect()
+
+
+def _scheduled(request: Any, delay: float) -> Any:
+    """Show ``request`` as scheduled ``delay`` seconds from now (``inspect
+    scheduled`` reads a timer entry's request and its ``eta``), not reserved; the eta
+    it came with is returned, to be put back."""
+    reserved_requests.discard(request)
+    own = getattr(request, "_eta", None)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    _set_eta(request, now + datetime.timedelta(seconds=delay))
+    return own
+
+
+def _set_eta(request: Any, eta: Any) -> None:
+    """``request.eta`` (Celery's ``Request`` keeps it in ``_eta``; any other has none)."""
+    if hasattr(request, "_eta"):
+        request._eta = eta

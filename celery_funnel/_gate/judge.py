@@ -172,10 +172,13 @@ def report_wait(
     *,
     requeued: bool,
     send_event: Any = None,
+    how: str | None = None,
 ) -> None:
-    """Report a deferral: signals, the log line and (``send_event``) the Celery event."""
+    """Report a deferral: signals, the log line and (``send_event``) the Celery event;
+    ``how`` it waits (held, parked, republished; by default from ``requeued``)."""
+    more = {} if how is None else {"how": how}
     runtime.observer.deferred(
         subject.name, subject.task_id, label, step.delay,
         deferrals=step.state.deferrals, booked=step.booked, outage=step.outage,
-        requeued=requeued, send_event=send_event,
+        requeued=requeued, send_event=send_event, **more,
     )  # fmt: skip

@@ -5,11 +5,18 @@ links, headers, stamps, priority, routing, ``expires``, time limits and ``reply_
 does not keep the serializer, the compression or ``argsrepr``/``kwargsrepr`` (a
 secret hidden from events and Flower would show after the first deferral). Both gates
 publish through ``republish``, which adds them.
+
+Trace context: where OpenTelemetry instruments the publishing process (its Celery
+instrumentation opens a span in ``before_task_publish`` under the current context and
+writes ``traceparent`` into the message), the gate publishes under the context carried
+by the original message: the new span is a child in the producer's trace, not a new
+root, and the run stays in the trace its producer started.
 """
 
 from __future__ import annotations
 
 import contextvars
+import importlib
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -45,6 +52,24 @@ def gate_publishing() -> Iterator[None]:
 def gate_publishes() -> bool:
     """Whether the gate is publishing, here and now."""
     return _FLAG.get()
+
+
+@contextmanager
+def _traced(context: Any) -> Iterator[None]:
+    """The trace context the message of ``context`` carries (its ``traceparent``
+    header), current in this block, when OpenTelemetry is installed."""
+    try:
+        otel = importlib.import_module("opentelemetry.context")
+        propagate = importlib.import_module("opentelemetry.propagate")
+    except ImportError:  # not installed: nothing traces the publish
+        yield
+        return
+    carrier = {**vars(context), **(getattr(context, "headers", None) or {})}
+    token = otel.attach(propagate.extract(carrier))
+    try:
+        yield
+    finally:
+        otel.detach(token)
 
 
 # what a message's headers may carry that is not the task's own (RabbitMQ's dead-letter
@@ -127,7 +152,8 @@ def republish(
     signature = _signature(
         task, context, args, kwargs, countdown, state, content_type, content_encoding
     )
-    with gate_publishing():  # the header goes with it, also when sent inside a run
+    # the header goes with it, also when sent inside a run; traced in the producer's trace
+    with gate_publishing(), _traced(context):
         signature.apply_async(ignore_result=True, add_to_parent=False)
 
 
@@ -157,7 +183,7 @@ def park(
         "priority": (getattr(context, "delivery_info", None) or {}).get("priority"),
         "parked_at": time.time(),
     }  # fmt: skip
-    with gate_publishing():
+    with gate_publishing(), _traced(context):
         message = capture(signature, meta, ignore_result=True, add_to_parent=False)
     return store.park(str(context.id), wait, message, str(state.get("release") or ""))
 

@@ -86,7 +86,7 @@ class Slots:
             return
         label = self._label(arrival)
         step = Ruling(run=False, delay=WAIT_SECONDS, state=after)
-        self.waits.report(arrival, step._replace(delay=0.0), label, requeued=True)
+        self.waits.report(arrival, step._replace(delay=0.0), label, how="parked")
         if not self.waits.park(arrival, step, label):
             return  # held, to try again shortly
         try:

@@ -35,11 +35,12 @@ class Waits:
     def __init__(self, runtime: Runtime, parking: Parking, held: Held, events: Events) -> None:
         self.runtime, self.parking, self.held, self.events = runtime, parking, held, events
 
-    def report(self, arrival: Arrival, step: Ruling, label: str, *, requeued: bool) -> None:
-        """Report a deferral (signals, log line, Celery event)."""
+    def report(self, arrival: Arrival, step: Ruling, label: str, *, how: str) -> None:
+        """Report a deferral (signals, log line, Celery event): ``how`` it waits
+        (``held``, ``parked``, ``republished``)."""
         report_wait(
-            self.runtime, arrival.subject, label, step, requeued=requeued,
-            send_event=self.events(arrival.request),
+            self.runtime, arrival.subject, label, step, requeued=how != "held",
+            send_event=self.events(arrival.request), how=how,
         )  # fmt: skip
 
     def wait(self, arrival: Arrival, step: Ruling) -> None:
@@ -53,14 +54,14 @@ class Waits:
         aim = step.delay - lead(arrival.charges) if step.booked else step.delay
         hold = min(max(aim, 0.0), until)
         if step.queued or self.parking.wants(step.delay, until, outage=step.outage):
-            self.report(arrival, step, arrival.label, requeued=True)
+            self.report(arrival, step, arrival.label, how="parked")
             self.park(arrival, step, arrival.label)
             return
         if hold <= budget or policy.waits_in_place(step.delay):
-            self.report(arrival, step, arrival.label, requeued=False)
+            self.report(arrival, step, arrival.label, how="held")
             self.hold(arrival, step.state._replace(waited=step.state.waited + hold), hold)
             return
-        self.report(arrival, step, arrival.label, requeued=True)
+        self.report(arrival, step, arrival.label, how="republished")
         self.republish(arrival, step)
 
     def republish(self, arrival: Arrival, step: Ruling) -> None:

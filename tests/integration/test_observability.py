@@ -1,11 +1,11 @@
-"""What operators see: the package's signals, Celery ``task-deferred`` events, Prometheus
+"""What operators see: the package's signals, Celery ``funnel-deferred`` events, Prometheus
 metrics, structured log lines and ``funnel_dry_run``, on real workers and a real Redis."""
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +30,19 @@ class Events:
     """A real Celery event receiver on the app's broker, in a thread; ``seen`` holds
     every event it got. Ready once it received a probe of its own."""
 
-    def __init__(self, app: Celery) -> None:
-        self.app = app
+    def __init__(self, app: Celery, feed: Callable[[dict[str, Any]], Any] | None = None) -> None:
+        self.app, self.feed = app, feed
         self.seen: list[dict[str, Any]] = []
         self.connection = app.connection_for_read()
-        self.receiver = app.events.Receiver(self.connection, handlers={"*": self.seen.append})
+        self.receiver = app.events.Receiver(self.connection, handlers={"*": self._on})
         self.thread = threading.Thread(
             target=self.receiver.capture, kwargs={"limit": None, "timeout": None}, daemon=True
         )
+
+    def _on(self, event: dict[str, Any]) -> None:
+        if self.feed is not None:  # first: a test that sees the event sees its effect
+            self.feed(event)
+        self.seen.append(event)
 
     def __enter__(self) -> Events:
         self.thread.start()
@@ -98,7 +103,7 @@ def test_signals_events_metrics_and_logs_report_every_deferral(
         ids = {app.tasks[task].delay(i).id for i in range(5)}
         wait_for(lambda: len(runs(redis_url)) == 5)
         deferred = recorder.of("task_deferred")
-        wait_for(lambda: len(events.of("task-deferred")) >= len(deferred))
+        wait_for(lambda: len(events.of("funnel-deferred")) >= len(deferred))
     admitted = recorder.of("task_admitted")
     assert sorted(a["task_id"] for a in admitted) == sorted(ids), "each admitted once"
     assert deferred, "10/s, capacity 1: most of the 5 tasks wait"
@@ -106,9 +111,10 @@ def test_signals_events_metrics_and_logs_report_every_deferral(
     assert all(d["task_id"] in ids and 0 < d["delay"] <= 0.5 for d in deferred)
     assert not any(d["dry_run"] for d in deferred)
     # Celery events, as Flower sees them: one per deferral
-    sent = events.of("task-deferred")
+    sent = events.of("funnel-deferred")
     assert sorted(e["uuid"] for e in sent) == sorted(d["task_id"] for d in deferred)
     assert all(e["funnel"] == funnel and e["delay"] > 0 for e in sent)
+    assert all(e["how"] == "held" and e["deferrals"] >= 1 for e in sent), "short waits"
     # Prometheus
     assert sample(registry, "celery_funnel_admitted_total", funnel=funnel) == 5
     assert sample(registry, "celery_funnel_deferred_total", funnel=funnel, dry_run="false") == len(
@@ -156,7 +162,7 @@ def test_dry_run_runs_everything_at_once_and_reports_what_it_would_defer(
     assert len(recorder.of("task_admitted")) == 1
     funnel = would[0]["funnel"]
     assert sample(registry, "celery_funnel_deferred_total", funnel=funnel, dry_run="true") == 5
-    assert not events.of("task-deferred"), "a dry run defers nothing"
+    assert not events.of("funnel-deferred"), "a dry run defers nothing"
 
 
 def test_refused_tasks_are_reported(
@@ -192,7 +198,7 @@ def test_worker_started_with_events_flag_sends_deferral_events_from_its_pool(
         ids = {app.tasks["proj.limited"].delay(i).id for i in range(4)}
         wait_for(lambda: len(runs(redis_url)) == 4, timeout=30)
         deferred = {r["id"] for r in runs(redis_url) if r["deferrals"]}
-        wait_for(lambda: {e["uuid"] for e in events.of("task-deferred")} >= deferred)
+        wait_for(lambda: {e["uuid"] for e in events.of("funnel-deferred")} >= deferred)
     assert deferred
     assert deferred <= ids
     close_app(app)

@@ -1,0 +1,58 @@
+"""``celery inspect funnel_waiting``: the tasks waiting in a worker for a funnel, with
+how they wait. ``held``: the worker gate holds it on the consumer's timer (it shows in
+``inspect scheduled`` too); ``republished``: the gate published it again with a
+countdown, and Celery holds it until then like any ETA task. Parked tasks wait in the
+funnels' Redis, in no worker: ``celery funnel parked`` lists them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._gate.gate import WorkerGate
+from .._gate.judge import label_of
+from .._gate.state import HEADER, State
+
+__all__ = ["register", "waiting"]
+
+COMMAND = "funnel_waiting"
+
+
+def waiting(consumer: Any) -> list[dict[str, Any]]:
+    """The tasks waiting in ``consumer``'s worker, the next due first."""
+    found: list[dict[str, Any]] = []
+    gate = consumer.on_task_request
+    held = gate.held.listed() if isinstance(gate, WorkerGate) else []
+    for request, charges, state in held:
+        found.append(_row(request, "held", label_of(charges), state))
+    ids = {row["id"] for row in found}
+    for waiting_entry in list(consumer.timer.schedule.queue):
+        args = getattr(waiting_entry.entry, "args", None) or ()
+        scheduled: Any = args[0] if args else None
+        headers = getattr(scheduled, "request_dict", None)
+        if not isinstance(headers, dict) or HEADER not in headers or scheduled.id in ids:
+            continue
+        found.append(_row(scheduled, "republished", "", State.from_headers(headers)))
+    return sorted(found, key=lambda row: row["eta"] or "")
+
+
+def _row(request: Any, how: str, funnel: str, state: State) -> dict[str, Any]:
+    eta = request.eta
+    return {
+        "id": request.id, "name": request.name, "how": how, "funnel": funnel,
+        "eta": eta.isoformat() if eta else None, "deferrals": state.deferrals,
+        "requeues": state.requeues, "booked": state.booked,
+    }  # fmt: skip
+
+
+def register() -> None:
+    """Add the ``funnel_waiting`` inspect command (once per process)."""
+    from celery.worker.control import Panel, inspect_command  # noqa: PLC0415 - the worker's
+
+    if COMMAND in Panel.data:
+        return
+
+    def funnel_waiting(state: Any, **_: Any) -> list[dict[str, Any]]:
+        """Tasks waiting in this worker for a funnel: held or republished."""
+        return waiting(state.consumer)
+
+    inspect_command(name=COMMAND)(funnel_waiting)
