@@ -71,8 +71,12 @@ class CeleryWorkers:
         self._logs.cleanup()
 
     def __enter__(self) -> CeleryWorkers:
-        self.start()
-        self.wait_ready()
+        try:
+            self.start()
+            self.wait_ready()
+        except BaseException:  # the workers that did start, and their logs, go too
+            self.stop()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:

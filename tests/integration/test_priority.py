@@ -39,7 +39,8 @@ def run_urgent_behind_backlog(broker: str, url: str, low: int, high: int) -> Non
     app = make_fair_app(broker, url, **queue_options(queue))
     parked = ParkStore(store, "funnel:")
     try:
-        with CeleryWorkers("tests.integration.fair_proj", 2, env, "-c", "4", "-Q", queue, cwd=ROOT):
+        workers = ("tests.integration.fair_proj", 2, env, "-c", "4", "-Q", queue)
+        with CeleryWorkers(*workers, cwd=ROOT, prefix=f"{queue}-w"):
             task = app.tasks[TASK]
             for n in range(BACKLOG):
                 task.apply_async(("t", n), priority=low)

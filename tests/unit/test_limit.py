@@ -140,7 +140,9 @@ def test_wait_books_slots_in_order_from_several_threads() -> None:
         thread.join()
     starts.sort()
     assert len(starts) == 6
-    assert min(b - a for a, b in itertools.pairwise(starts)) >= 0.09
+    # each call sleeps until its slot (0.1 s apart, exact in the funnel's tables); a
+    # thread that wakes a few ms late brings the next start that much nearer
+    assert min(b - a for a, b in itertools.pairwise(starts)) >= 0.1 - 0.015
     assert peak(starts, window=0.5) <= 5 + 1
 
 
