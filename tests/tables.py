@@ -215,3 +215,30 @@ HOLD: list[Row] = [
     (3.25, "reserve", _hold_shape(ticket="z", redeem=True), (False, 0.25, True, 2, 1.25, False)),
 ]
 TABLES["hold"] = HOLD
+
+
+# settle: 10/s (T = 0.1 s), capacity 5 (tau = 0.5 s). A settle row's answer is the
+# seconds until the funnel is idle; units = actual - charged (below 0 gives back).
+def _settle(units: int) -> dict[str, Any]:
+    return {"count": 10, "period": 1, "units": units}
+
+
+def _ten(q: int) -> dict[str, Any]:
+    return _throttle(4, 10, 1, q)
+
+
+SETTLE: list[Step] = [
+    (0, "throttle", _ten(3), (False, 5, 2, -1.0, 0.3, 3)),
+    (0, "settle", _settle(-2), (0.1,)),  # charged 3, used 1: two back at once
+    (0, "throttle", _ten(4), (False, 5, 0, -1.0, 0.5, 4)),  # they fit at once
+    (0.1, "settle", _settle(2), (0.6,)),  # used 2 more than charged: on top
+    (0.1, "throttle", _ten(1), (True, 5, 0, 0.2, 0.6, 0)),
+    (2, "settle", _settle(-3), (0.0,)),  # drained (expired): nothing to give back
+    (2, "throttle", _ten(0), (False, 5, 5, -1.0, 0.0, 0)),
+    (2, "settle", _settle(8), (0.8,)),  # a debt past tau, waited out
+    (2, "throttle", _ten(1), (True, 5, 0, 0.4, 0.8, 0)),
+    (2.3, "settle", _settle(-5), (0.0,)),  # back to idle, never below
+    (2.3, "settle", _settle(0), (0.0,)),
+    (2.3, "throttle", _ten(5), (False, 5, 0, -1.0, 0.5, 5)),
+]
+TABLES["settle"] = SETTLE

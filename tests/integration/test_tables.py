@@ -6,6 +6,7 @@ import pytest
 
 from celery_funnel import Funnel
 from celery_funnel._limiter.strategies.reservation import Shape
+from celery_funnel._limiter.strategies.settle import Settle
 from tests.tables import T0, TABLES, answer_row, rows
 
 
@@ -43,3 +44,17 @@ def test_joint_reservation_table(funnel: Funnel, key: str) -> None:
     assert joint(0.5, ticket="j", redeem=True) == (True, 0.0, False, 1, 1.0, False)
     never = [Shape(a, 0, 10, 1, 2), Shape(b, 1, 2, 1)]
     assert tuple(funnel.reserve_all(never, now=T0 + 0.5)) == (False, -1.0, False, 1, 1.0, False)
+
+
+def test_settle_all_table(funnel: Funnel, key: str) -> None:
+    """Two funnels settled in one step: A (10/s, T 0.1 s) gives 2 back, B (2/s,
+    T 0.5 s) is charged 1 more; each by its own T."""
+    a, b = f"{{{key}}}:a", f"{{{key}}}:b"
+    funnel.throttle(a, 4, 10, 1, 3, now=T0)  # A: TAT +0.3
+    funnel.throttle(b, 1, 2, 1, 1, now=T0)  # B: TAT +0.5
+    rows = [Settle(a, 10, 1, -2), Settle(b, 2, 1, 1)]
+    assert funnel.settle_all(rows, now=T0) == [0.1, 1.0]
+    assert funnel.settle_all([Settle(a, 10, 1, -5), Settle(b, 2, 1, 0)], now=T0 + 0.05) == [
+        0.0,
+        0.95,
+    ]

@@ -9,8 +9,9 @@ from typing import TypeVar
 from ..decision import Decision, Reservation
 from ..guard import limit_method
 from ..scripts import Arg, Call, Reply, Script
-from ..strategies import fixed_window, gcra, hold, reservation, sliding_log, sliding_window
+from ..strategies import fixed_window, gcra, hold, reservation, settle, sliding_log, sliding_window
 from ..strategies.reservation import Shape
+from ..strategies.settle import Settle
 
 T = TypeVar("T")
 
@@ -173,6 +174,20 @@ class Funnel(ABC):
         holders book again). For an upstream's 429 with Retry-After. Returns the seconds
         until the funnel is idle again."""
         return hold.hold(self._eval, key, max_burst, count, period, seconds, now)
+
+    def settle(
+        self, key: str, count: float, period: float, units: int, *, now: float | None = None
+    ) -> float:
+        """Charge ``units`` more on GCRA funnel ``key`` (refilling ``count`` per
+        ``period`` seconds), or give ``-units`` back, at once for every caller: a run
+        charged an estimate settles what it used (``units = actual - charged``). A
+        give-back stops at an idle funnel. Returns the seconds until it is idle."""
+        return settle.settle_all(self._eval, [Settle(key, count, period, units)], now)[0]
+
+    def settle_all(self, funnels: Sequence[Settle], *, now: float | None = None) -> list[float]:
+        """``settle`` on several GCRA funnels in one atomic step (one round trip); the
+        keys must share one Redis Cluster hash slot. Per funnel, seconds until idle."""
+        return settle.settle_all(self._eval, funnels, now)
 
     def fixed_window(
         self,
