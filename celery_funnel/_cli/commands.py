@@ -56,8 +56,8 @@ def _echo_rows(ctx: click.Context, rows: list[dict[str, Any]], as_json: bool) ->
         click.echo(json.dumps(rows, indent=2))
         return
     columns = [
-        "key", "kind", "rate", "capacity", "remaining", "reset_after", "reservations", "parked",
-        "in_use", "note",
+        "key", "limit", "kind", "rate", "capacity", "remaining", "reset_after", "reservations",
+        "parked", "in_use", "note",
     ]  # fmt: skip
     widths = {c: max([len(c), *(len(str(r.get(c, ""))) for r in rows)]) for c in columns}
     ctx.obj.echo("  ".join(c.ljust(widths[c]) for c in columns).rstrip())

@@ -12,7 +12,7 @@ from celery import Task
 
 from .._limiter.concurrency import check_concurrency
 from .._limiter.errors import ConfigurationError
-from .._limiter.limit import Limit, parse_limit
+from .._limiter.limit import Limit, parse_limit, unique_names
 from .._limiter.values import check_fields, did_you_mean, to_bool
 from .outage import check_policy
 
@@ -116,6 +116,8 @@ def limits_from(where: str, get: Getter) -> tuple[Limit, ...]:
                 f" limit is funnel_concurrency=N (per key with funnel_key)"
             )
         limits.append(parse_limit(spec, where=where, label=f"funnel_limits[{i}]['{{}}']".format))
+    own = int(get("funnel_rate") is not None)  # funnel_rate's limit comes first
+    unique_names(limits, where, lambda i: f"funnel_limits[{i - own}]['name']")
     if len(limits) > 1 and any(limit.strategy != "gcra" for limit in limits):
         raise ConfigurationError(f"{where}: several limits on one task need the 'gcra' strategy")
     if sum(limit.fair_by is not None for limit in limits) > 1:

@@ -13,7 +13,7 @@ from typing import Any
 
 from .._limiter.concurrency import Concurrency, split_entry
 from .._limiter.errors import ConfigurationError
-from .._limiter.limit import Limit, parse_limit
+from .._limiter.limit import Limit, parse_limit, unique_names
 from .._limiter.values import (
     MAX_COUNTDOWN,
     MAX_TIMEOUT,
@@ -129,6 +129,7 @@ def _limits(value: Any) -> tuple[tuple[Limit, ...], tuple[Concurrency, ...]]:
             concurrency.append(slots)
         if rest is not None:
             limits.append(parse_limit(rest, pattern=pattern, where=f"funnel_limits[{pattern!r}]"))
+    unique_names(limits, "funnel_limits", lambda i: f"[{limits[i].pattern!r}]['name']")
     return tuple(limits), tuple(concurrency)
 
 

@@ -7,6 +7,7 @@ The limiter owns keys and policy; the backend only runs one atomic step per call
 from __future__ import annotations
 
 import inspect
+import re
 import string
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,13 +23,15 @@ from .strategies.reservation import Shape
 from .values import MAX_CAPACITY, check_plain, did_you_mean, format_fields
 
 __all__ = [
-    "STRATEGIES", "Limit", "Verdict", "check_all", "key_part", "parse_limit", "safe_part",
+    "STRATEGIES", "Limit", "Verdict", "check_all", "key_part", "parse_limit", "unique_names",
+    "safe_part",
 ]  # fmt: skip
 
 STRATEGIES = strategies.names()  # every registered strategy
 SCOPES = strategies.SCOPES
 OPTIONS = (
     "rate", "capacity", "strategy", "key", "cost", "scope", "windows", "fair_by", "weights",
+    "name",
 )  # fmt: skip
 
 KeyFunc = Callable[..., object]
@@ -93,7 +96,8 @@ class Limit:
     idle funnel), ``strategy``, the ``key`` that splits it (a format string over the
     task's arguments, or a callable taking ``*args, **kwargs``), the ``cost`` of one
     task (int or callable), and for worker-wide limits a task-name ``pattern`` and a
-    ``scope``."""
+    ``scope``; ``name`` names it (unique per task: what ``funnel_settle`` and the
+    upstream's feedback address, and what ``status`` and the metrics show)."""
 
     rate: Rate
     capacity: int = 1
@@ -105,6 +109,7 @@ class Limit:
     windows: int = 10
     fair_by: str | KeyFunc | None = None  # fair share between tenants (_fair)
     weights: Any = None  # the tenants' weights: a mapping or a callable (_fair)
+    name: str | None = None  # unique per task (funnel_settle, feedback, status)
 
     def __post_init__(self) -> None:
         # a Limit built directly is checked as one from parse_limit is, in the same words
@@ -246,6 +251,37 @@ def _key(spec: Mapping[str, Any], where: str, label: Label) -> str | KeyFunc | N
     return key
 
 
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+
+
+def _name(spec: Mapping[str, Any], where: str, label: Label) -> str | None:
+    name = spec.get("name")
+    if name is not None and not (isinstance(name, str) and NAME.fullmatch(name)):
+        raise ConfigurationError(
+            f"{where}: {label('name')} must be an identifier (letters, digits, '_';"
+            f" at most 64), got {name!r}"
+        )
+    return name
+
+
+def unique_names(limits: Sequence[Limit], where: str, what: Callable[[int], str]) -> None:
+    """Refuse a name given to two limits of one task (or of the worker-wide ones);
+    ``what(i)`` names the setting of limit ``i`` in the message.
+
+    Raises:
+        ConfigurationError: naming ``where``, the setting and the name.
+    """
+    seen: set[str] = set()
+    for i, limit in enumerate(limits):
+        if limit.name is not None and limit.name in seen:
+            raise ConfigurationError(
+                f"{where}: {what(i)}={limit.name!r} is used twice; limit names are unique"
+                f" per task"
+            )
+        if limit.name is not None:
+            seen.add(limit.name)
+
+
 def parse_limit(
     spec: Any, *, pattern: str | None = None, where: str = "limit", label: Label = str
 ) -> Limit:
@@ -288,7 +324,10 @@ def parse_limit(
     strategy = _choice(where, label("strategy"), spec.get("strategy") or "gcra", STRATEGIES)
     scope = _choice(where, label("scope"), spec.get("scope", "global"), SCOPES)
     key = _key(spec, where, label)
+    name = _name(spec, where, label)
     try:  # the strategy's own checks, named as the others are
-        return Limit(rate, capacity, strategy, key, cost, pattern, scope, windows, fair_by, weights)
+        return Limit(
+            rate, capacity, strategy, key, cost, pattern, scope, windows, fair_by, weights, name
+        )
     except ConfigurationError as exc:
         raise ConfigurationError(f"{where}: {exc}") from None

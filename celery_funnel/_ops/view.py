@@ -111,6 +111,8 @@ def describe(funnel: RedisFunnel, key: FunnelKey, limit: Limit | None) -> dict[s
             return row
         strategy = strategies.get(limit.strategy)
         row.update(kind=strategy.name, rate=str(limit.rate), capacity=limit.capacity)
+        if limit.name is not None:
+            row["limit"] = limit.name
         peek = strategy.decide(funnel, key.key, limit, 0)
         row.update(remaining=peek.remaining, reset_after=round(peek.reset_after, 6))
         if strategy.reserve is not None:

@@ -111,8 +111,8 @@ def funnel_state(app: Any, hook: ConcurrencyHook = no_concurrency) -> dict[str, 
             level = {"error": str(exc)}
         rows.append({
             "name": name,
-            "code": [{"rate": str(x.rate), "capacity": x.capacity, "strategy": x.strategy}
-                     for x in limits],
+            "code": [{"rate": str(x.rate), "capacity": x.capacity, "strategy": x.strategy,
+                      "limit": x.name} for x in limits],
             "override": None if override is None else override.as_dict(),
             "level": level,
             "parked": _of(name, parked),
