@@ -24,11 +24,15 @@ from ._limiter.errors import (
     TooManyWaitingError,
 )
 from ._limiter.guard import LimitGuard
+from ._limiter.headers import Quota, Upstream, read_headers
 from ._limiter.limit import Limit
 from ._limiter.rate import Rate
+from ._limiter.strategies.align import Align
 from ._limiter.strategies.reservation import Shape
+from ._limiter.strategies.settle import Settle
 
 __all__ = [
+    "Align",
     "AsyncRedisFunnel",
     "BackendConfigurationError",
     "BackendError",
@@ -42,13 +46,17 @@ __all__ = [
     "LimitGuard",
     "Limited",
     "MemoryFunnel",
+    "Quota",
     "Rate",
     "RedisFunnel",
     "Reservation",
+    "Settle",
     "Shape",
     "TooManyDeferralsError",
     "TooManyWaitingError",
+    "Upstream",
     "install",
+    "read_headers",
 ]
 
 __version__ = "0.1.0"

@@ -242,3 +242,25 @@ SETTLE: list[Step] = [
     (2.3, "throttle", _ten(5), (False, 5, 0, -1.0, 0.5, 5)),
 ]
 TABLES["settle"] = SETTLE
+
+
+# align: 10/s (T = 0.1 s), capacity 5 (tau = 0.5 s). An align row's answer is the
+# seconds until idle. A bucket quota caps what fits now; a window quota what fits
+# before its reset; a TAT is never lowered.
+def _align(remaining: int, reset: float = 0.0, window: bool = False) -> dict[str, Any]:
+    return {"max_burst": 4, "count": 10, "period": 1, "remaining": remaining, "reset": reset,
+            "window": window}  # fmt: skip
+
+
+ALIGN: list[Step] = [
+    (0, "align", _align(5), (0.0,)),  # 5 remain of 5: nothing to do
+    (0, "align", _align(2), (0.3,)),  # 2 remain: 3 of our 5 are spent
+    (0, "throttle", _ten(3), (True, 5, 2, 0.1, 0.3, 0)),
+    (0, "throttle", _ten(2), (False, 5, 0, -1.0, 0.5, 2)),
+    (0, "align", _align(4), (0.5,)),  # the funnel is stricter already: left alone
+    (1, "align", _align(1, 2.0, True), (2.4,)),  # 1 left in a window resetting at +3
+    (1, "throttle", _ten(1), (True, 5, 0, 2.0, 2.4, 0)),
+    (3, "throttle", _ten(1), (False, 5, 0, -1.0, 0.5, 1)),  # the window reset
+    (10, "align", _align(50, 1.0, True), (0.0,)),  # more than we hold: nothing to do
+]
+TABLES["align"] = ALIGN

@@ -35,9 +35,13 @@ from .._gate.judge import (
     report_wait,
     requeued,
 )
+from .._gate import settling
+from .._gate.charges import Charges
 from .._gate.publish import republish
 from .._gate.state import HEADER
 from .._limiter.errors import BackendError, ConfigurationError
+from .._limiter.headers import Upstream, backoff_of, read_headers
+from .._limiter.keys import safe_part
 from .._limiter.limit import Limit, fixed
 from . import backlog
 
@@ -187,6 +191,85 @@ class FunnelTask(Task):  # type: ignore[misc]
         subject = Subject(self.name, request.id, runtime.settings.on_backend_error)
         step = Ruling(run=False, delay=seconds, state=state)
         self._funnel_defer(runtime, subject, self.name, args, kwargs, step)
+
+    def funnel_settle(self, actual: int | None = None, /, **named: int) -> bool:
+        """Replace what this run was charged at admission with what it really used:
+        ``actual`` units on the task's own funnel (its ``funnel_rate``, or its one
+        limit), and ``name=units`` on the limits named so (``"name"`` in
+        ``funnel_limits``, the task's or a worker-wide one that charged it). The
+        difference is given back, or charged on top, at once for every worker, in one
+        round trip for every funnel named.
+
+        Settling again settles relative to the last call: a funnel always holds the
+        last amount said. A give-back never goes below an idle funnel (units charged
+        to a funnel that drained meanwhile are gone). A run that ends without settling
+        keeps its estimate charged. A direct call, or an eager run that was not
+        throttled, was charged nothing: settling does nothing there.
+
+        Returns False (and logs a warning) when the funnels' Redis failed: the
+        estimate then stays charged. Only GCRA funnels can be settled.
+
+        Raises:
+            ConfigurationError: an unknown name, no funnel of the task's own for
+                ``actual``, units that are not an integer >= 0, a window strategy.
+        """
+        request, runtime = self.request, runtime_for(self.app)
+        charges = self._funnel_paid(runtime)
+        if charges is None:
+            return True
+        own = len(self._funnel_limits())
+        wanted = settling.resolve(self.name, charges, own, actual, named)
+        held = getattr(request, "funnel_settled", None) or {}
+        try:
+            request.funnel_settled = settling.settle(runtime, charges, held, wanted)
+        except BackendError as error:
+            logger.warning("celery-funnel: task %s[%s] could not settle: %s", self.name,
+                           request.id, error)  # fmt: skip
+            return False
+        return True
+
+    def funnel_feedback(
+        self, headers: Any, status: int | None = None, *, names: Mapping[str, str] | None = None
+    ) -> Upstream:
+        """Bring this task's named funnels in line with an upstream's rate-limit
+        ``headers`` (``Retry-After``, IETF ``RateLimit``, ``x-ratelimit-*``,
+        ``anthropic-ratelimit-*``; see ``celery_funnel.read_headers``): each funnel
+        named as one of the upstream's limits (``requests``, ``tokens``,
+        ``input_tokens``...; ``names`` maps theirs to ours) admits no more than the
+        upstream says remains, for every worker, in one round trip. A funnel is never
+        made more generous than its own limit.
+
+        With ``status`` 429 it then holds the task's funnels for the ``Retry-After``
+        (else until the latest reset of an exhausted limit, else 1 s) as
+        ``funnel_backoff`` does, and does not return (the task is deferred).
+
+        Returns the headers read. A failure of the funnels' Redis is logged, not raised.
+        """
+        runtime = runtime_for(self.app)
+        upstream = read_headers(headers, time.time())
+        charges = self._funnel_paid(runtime)
+        try:
+            if charges:
+                settling.align(runtime, charges, upstream.quotas, names)
+        except BackendError as error:
+            logger.warning("celery-funnel: task %s[%s] could not read feedback in: %s",
+                           self.name, self.request.id, error)  # fmt: skip
+        if status == 429:
+            self.funnel_backoff(backoff_of(upstream))
+        return upstream
+
+    def _funnel_paid(self, runtime: Runtime) -> list[Charge] | None:
+        """The charges this run paid at admission (None: it paid nothing, a direct
+        call or an eager run not throttled): the worker gate paid the worker-wide ones
+        too, ``before_start`` the task's own."""
+        request = self.request
+        if request.called_directly or (request.is_eager and not runtime.settings.throttle_eager):
+            return None
+        args, kwargs = request.args or (), request.kwargs or {}
+        if admitted_by_gate(request.headers):
+            hostname = safe_part(request.hostname or "worker")
+            return Charges(runtime, self.app, hostname).of(self.name, self.name, args, kwargs)
+        return self._funnel_charges(runtime, args, kwargs)
 
     def _funnel_limits(self) -> tuple[Limit, ...]:
         if "_funnel_limits_cache" not in self.__dict__:

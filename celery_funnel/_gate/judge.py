@@ -95,7 +95,14 @@ def judge(
     """
     label, observer = label_of(charges), runtime.observer
     settings = runtime.settings
-    reserve = settings.reservation and not subject.dry_run
+    # a named limit may be settled: a slot booked at the estimate would keep its
+    # spacing however much is given back, so such runs wait for their charge to fit
+    # and try again, and units given back reach the runs already waiting
+    reserve = (
+        settings.reservation
+        and not subject.dry_run
+        and all(charge.limit.name is None for charge in charges)
+    )
     ticket = subject.task_id if reserve else None
     try:
         verdict, passed = decide(

@@ -9,8 +9,11 @@ from typing import TypeVar
 from ..decision import Decision, Reservation
 from ..guard import limit_method
 from ..scripts import Arg, Call, Reply, Script
-from ..strategies import fixed_window, gcra, hold, reservation, settle, sliding_log, sliding_window
+from ..strategies import (
+    align, fixed_window, gcra, hold, reservation, settle, sliding_log, sliding_window,
+)
 from ..strategies.reservation import Shape
+from ..strategies.align import Align
 from ..strategies.settle import Settle
 
 T = TypeVar("T")
@@ -188,6 +191,30 @@ class Funnel(ABC):
         """``settle`` on several GCRA funnels in one atomic step (one round trip); the
         keys must share one Redis Cluster hash slot. Per funnel, seconds until idle."""
         return settle.settle_all(self._eval, funnels, now)
+
+    def align(
+        self,
+        key: str,
+        max_burst: int,
+        count: float,
+        period: float,
+        remaining: int,
+        reset: float = 0.0,
+        *,
+        window: bool = False,
+        now: float | None = None,
+    ) -> float:
+        """Bring GCRA funnel ``key`` in line with an upstream that says ``remaining``
+        units remain of its limit: it admits at most that many now (a bucket), or
+        before ``reset`` seconds from now (``window=True``). The funnel is never made
+        more generous. Returns the seconds until it is idle."""
+        row = Align(key, max_burst, count, period, remaining, reset, window)
+        return align.align_all(self._eval, [row], now)[0]
+
+    def align_all(self, funnels: Sequence[Align], *, now: float | None = None) -> list[float]:
+        """``align`` on several GCRA funnels in one atomic step (one round trip); the
+        keys must share one Redis Cluster hash slot. Per funnel, seconds until idle."""
+        return align.align_all(self._eval, funnels, now)
 
     def fixed_window(
         self,

@@ -62,7 +62,7 @@ class AsyncRedisFunnel:
     """Funnels kept in Redis, for asyncio code: ``RedisFunnel``'s methods, awaited.
 
     ``throttle``, ``throttle_many``, ``water_level``, ``reserve``, ``reserve_all``,
-    ``hold``, ``settle``, ``settle_all``, ``fixed_window``, ``sliding_log`` and ``sliding_window`` take the same
+    ``hold``, ``settle``, ``settle_all``, ``align``, ``align_all``, ``fixed_window``, ``sliding_log`` and ``sliding_window`` take the same
     arguments and give the same answers (``Decision``, ``Reservation``) as ``Funnel``'s;
     each is one round trip (EVALSHA of a script loaded once; NOSCRIPT after a
     ``SCRIPT FLUSH`` or a failover loads it again and retries). The Redis server's
@@ -186,6 +186,8 @@ class AsyncRedisFunnel:
     hold = _awaitable(Funnel.hold)
     settle = _awaitable(Funnel.settle)
     settle_all = _awaitable(Funnel.settle_all)
+    align = _awaitable(Funnel.align)
+    align_all = _awaitable(Funnel.align_all)
     fixed_window = _awaitable(Funnel.fixed_window)
     sliding_log = _awaitable(Funnel.sliding_log)
     sliding_window = _awaitable(Funnel.sliding_window)

@@ -14,11 +14,11 @@ from typing import NamedTuple
 
 from ..errors import ConfigurationError
 from ..memstore import MemoryStore
-from ..scripts import Arg, Eval, Reply, Script, clock_arg, parse_now
+from ..scripts import Arg, Call, Eval, Reply, Script, clock_arg, parse_now
 from ._common import check_key, emission_us, now_us, seconds
 from .gcra import MAX_TOLERANCE_US
 
-__all__ = ["Settle", "settle_all"]
+__all__ = ["Settle", "decode", "settle_all", "settle_call"]
 
 
 class Settle(NamedTuple):
@@ -59,11 +59,18 @@ def _change(row: Settle) -> int:
     return emission_us(row.count, row.period) * units
 
 
+def settle_call(rows: Sequence[Settle], now: float | None) -> Call:
+    """The script call settling every row in one atomic step (arguments checked)."""
+    changes = [_change(row) for row in rows]
+    return SCRIPT, [row.key for row in rows], [clock_arg(now_us(now)), MAX_TOLERANCE_US, *changes]
+
+
+def decode(reply: Reply) -> list[float]:
+    """Per funnel, the seconds until it is idle again."""
+    return [seconds(us) for us in reply]
+
+
 def settle_all(run: Eval, rows: Sequence[Settle], now: float | None) -> list[float]:
     """Settle every row in one atomic step (the keys must share a Cluster hash slot);
     per row, the seconds until its funnel is idle again."""
-    if not rows:
-        return []
-    changes = [_change(row) for row in rows]
-    args: list[Arg] = [clock_arg(now_us(now)), MAX_TOLERANCE_US, *changes]
-    return [seconds(us) for us in run(SCRIPT, [row.key for row in rows], args)]
+    return decode(run(*settle_call(rows, now))) if rows else []
