@@ -52,13 +52,15 @@ def chat(self: Any, n: int) -> int:
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             used = int(json.load(response)["usage"]["total_tokens"])
+            headers = response.headers
     except urllib.error.HTTPError as error:
-        if error.code != 429:
-            raise
-        self.funnel_backoff(float(error.headers.get("Retry-After", "1")))
-        raise  # not reached: funnel_backoff defers the task
+        # a 429: hold the funnels for its Retry-After, and defer this task (no return)
+        self.funnel_feedback(error.headers, status=error.code)
+        raise
     if SETTLE:
         self.funnel_settle(tokens=used)  # 250 charged, `used` spent: the rest back now
+        # what the upstream says remains (x-ratelimit-remaining-requests|tokens)
+        self.funnel_feedback(headers)
     return used
 
 
@@ -73,7 +75,7 @@ def produce(upstream: MeteredUpstream) -> None:
     )
     if os.environ.get("LLM_SUMMARY"):
         with open(os.environ["LLM_SUMMARY"], "w") as out:
-            json.dump({**seen, "settle": SETTLE, "refusals": upstream.refusals},
+            json.dump({**seen, "settle": SETTLE, "refusals": upstream.refusals, "log": upstream.calls},
                       out)  # fmt: skip
     check(sorted(c[1] for c in upstream.calls if c[2] == 200) == list(range(CALLS)),
           "every call reached the upstream once")  # fmt: skip

@@ -58,7 +58,10 @@ class _Bucket:
 class MeteredUpstream:
     """A fake LLM API on ``127.0.0.1`` (``url`` once started): ``requests`` per second
     with a bucket of ``request_burst``, ``tokens`` per second with a bucket of
-    ``token_burst``; each answer takes ``latency`` seconds. ``calls`` records every
+    ``token_burst``; each answer takes ``latency`` seconds. A call is paid for when the
+buckets hold its units within ``slack`` seconds of its arrival: a client whose limits
+equal the upstream's is never refused for arriving a few milliseconds early (the time
+from its admission to the call's arrival varies by that much from call to call). ``calls`` records every
     answered call: (time, n, status, tokens used); ``refusals`` every 429: (time, n,
     the bucket that could not pay, its level)."""
 
@@ -67,6 +70,7 @@ class MeteredUpstream:
     tokens: float = 300.0
     token_burst: float = 1500.0
     latency: float = 0.05
+    slack: float = 0.01
     calls: list[tuple[float, int, int, int]] = field(default_factory=list)
     refusals: list[tuple[float, int, str, float]] = field(default_factory=list)
 
@@ -96,13 +100,17 @@ class MeteredUpstream:
         used = tokens_of(n)
         with self._lock:
             requests, tokens = self._buckets["requests"], self._buckets["tokens"]
-            fits = requests.refill(now) >= 1 and tokens.refill(now) >= used
+            requests.refill(now), tokens.refill(now)
+            fits = (
+                requests.level + requests.rate * self.slack >= 1
+                and tokens.level + tokens.rate * self.slack >= used
+            )
             if fits:
                 requests.level -= 1
                 tokens.level -= used
             headers = self._headers(requests, tokens)
             if not fits:
-                short = "requests" if requests.level < 1 else "tokens"
+                short = "tokens" if requests.level + requests.rate * self.slack >= 1 else "requests"
                 self.refusals.append((now, n, short, self._buckets[short].level))
                 wait = max((1 - requests.level) / requests.rate, (used - tokens.level) / tokens.rate)
                 headers["retry-after"] = f"{max(wait, 0.001):.3f}"
