@@ -75,8 +75,8 @@ def produce(upstream: MeteredUpstream) -> None:
     )
     if os.environ.get("LLM_SUMMARY"):
         with open(os.environ["LLM_SUMMARY"], "w") as out:
-            json.dump({**seen, "settle": SETTLE, "refusals": upstream.refusals, "log": upstream.calls},
-                      out)  # fmt: skip
+            log = {"refusals": upstream.refusals, "log": upstream.calls}
+            json.dump({**seen, "settle": SETTLE, **log}, out)
     check(sorted(c[1] for c in upstream.calls if c[2] == 200) == list(range(CALLS)),
           "every call reached the upstream once")  # fmt: skip
     check(sum(used) == seen["tokens"], "the tokens the tasks saw are the upstream's")

@@ -23,6 +23,8 @@ from celery.exceptions import Ignore
 
 from .._config.options import check_call, check_class, dry_run_of, limits_of, policy_of
 from .._config.runtime import Runtime, runtime_for
+from .._gate import settling
+from .._gate.charges import Charges
 from .._gate.fair import fair_of
 from .._gate.judge import (
     Charge,
@@ -35,8 +37,6 @@ from .._gate.judge import (
     report_wait,
     requeued,
 )
-from .._gate import settling
-from .._gate.charges import Charges
 from .._gate.publish import republish
 from .._gate.state import HEADER
 from .._limiter.errors import BackendError, ConfigurationError

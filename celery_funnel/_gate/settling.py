@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 from .._config.runtime import Runtime
 from .._limiter.errors import ConfigurationError
-from .._limiter.keys import hash_tag
 from .._limiter.headers import Quota
+from .._limiter.keys import hash_tag
 from .._limiter.strategies.align import Align, align_call
 from .._limiter.strategies.settle import Settle, settle_call
 from .charging import Charge, joint
@@ -103,7 +103,9 @@ def settle(
 
 
 def align(
-    runtime: Runtime, charges: Sequence[Charge], quotas: Mapping[str, Quota],
+    runtime: Runtime,
+    charges: Sequence[Charge],
+    quotas: Mapping[str, Quota],
     names: Mapping[str, str] | None = None,
 ) -> list[str]:
     """Bring the run's named GCRA funnels in line with the upstream's ``quotas`` (by
@@ -119,8 +121,9 @@ def align(
         i = ours.get((names or {}).get(theirs, theirs), -1)
         limit = charges[i].limit if i >= 0 else None
         if limit is not None and limit.strategy == "gcra":
-            rows[i] = Align(charges[i].key, limit.capacity - 1, limit.rate.count,
-                            limit.rate.period, quota.remaining, quota.reset, quota.window)  # fmt: skip
+            rate = limit.rate
+            rows[i] = Align(charges[i].key, limit.capacity - 1, rate.count, rate.period,
+                            quota.remaining, quota.reset, quota.window)  # fmt: skip
     if rows:
         indexes = list(rows)
         groups = together(runtime, [charges[i] for i in indexes], indexes)

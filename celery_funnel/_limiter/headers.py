@@ -77,7 +77,7 @@ def _instant(text: str, now: float) -> float | None:
         except (TypeError, ValueError, IndexError):
             return None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=datetime.UTC)
+        when = when.replace(tzinfo=datetime.timezone.utc)
     return max(when.timestamp() - now, 0.0)
 
 

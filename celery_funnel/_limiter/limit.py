@@ -23,8 +23,14 @@ from .strategies.reservation import Shape
 from .values import MAX_CAPACITY, check_plain, did_you_mean, format_fields
 
 __all__ = [
-    "STRATEGIES", "Limit", "Verdict", "check_all", "key_part", "parse_limit", "unique_names",
+    "STRATEGIES",
+    "Limit",
+    "Verdict",
+    "check_all",
+    "key_part",
+    "parse_limit",
     "safe_part",
+    "unique_names",
 ]  # fmt: skip
 
 STRATEGIES = strategies.names()  # every registered strategy
@@ -275,8 +281,7 @@ def unique_names(limits: Sequence[Limit], where: str, what: Callable[[int], str]
     for i, limit in enumerate(limits):
         if limit.name is not None and limit.name in seen:
             raise ConfigurationError(
-                f"{where}: {what(i)}={limit.name!r} is used twice; limit names are unique"
-                f" per task"
+                f"{where}: {what(i)}={limit.name!r} is used twice; limit names are unique per task"
             )
         if limit.name is not None:
             seen.add(limit.name)

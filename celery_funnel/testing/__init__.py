@@ -6,8 +6,7 @@ counts the most task starts in any second; ``server_matrix`` names every server 
 the wheels installed here carry (``$CELERY_FUNNEL_REDIS_SERVERS`` chooses which
 ``RedisServer`` and ``find_redis_servers`` use); ``MeteredUpstream`` is a fake LLM API
 with request and token budgets, 429s and OpenAI-style rate-limit headers. Every
-process they start is stopped when
-their ``with`` block ends, however it ends.
+process they start is stopped when their ``with`` block ends, however it ends.
 """
 
 from ._redis import (

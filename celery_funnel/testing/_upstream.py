@@ -58,12 +58,13 @@ class _Bucket:
 class MeteredUpstream:
     """A fake LLM API on ``127.0.0.1`` (``url`` once started): ``requests`` per second
     with a bucket of ``request_burst``, ``tokens`` per second with a bucket of
-    ``token_burst``; each answer takes ``latency`` seconds. A call is paid for when the
-buckets hold its units within ``slack`` seconds of its arrival: a client whose limits
-equal the upstream's is never refused for arriving a few milliseconds early (the time
-from its admission to the call's arrival varies by that much from call to call). ``calls`` records every
-    answered call: (time, n, status, tokens used); ``refusals`` every 429: (time, n,
-    the bucket that could not pay, its level)."""
+    ``token_burst``; each answer takes ``latency`` seconds. A call is paid for when
+    the buckets hold its units within ``slack`` seconds of its arrival: a client
+    whose limits equal the upstream's is not refused for arriving a few
+    milliseconds early (the time from its admission to the call's arrival varies
+    by that much from call to call). ``calls`` records every answered call: (time,
+    n, status, tokens used); ``refusals`` every 429: (time, n, the bucket that
+    could not pay, its level)."""
 
     requests: float = 10.0
     request_burst: float = 5.0
@@ -112,7 +113,9 @@ from its admission to the call's arrival varies by that much from call to call).
             if not fits:
                 short = "tokens" if requests.level + requests.rate * self.slack >= 1 else "requests"
                 self.refusals.append((now, n, short, self._buckets[short].level))
-                wait = max((1 - requests.level) / requests.rate, (used - tokens.level) / tokens.rate)
+                wait = max(
+                    (1 - requests.level) / requests.rate, (used - tokens.level) / tokens.rate
+                )
                 headers["retry-after"] = f"{max(wait, 0.001):.3f}"
             self.calls.append((now, n, 200 if fits else 429, used if fits else 0))
         return (200 if fits else 429), headers
@@ -130,7 +133,7 @@ from its admission to the call's arrival varies by that much from call to call).
         upstream = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"] or 0)))
                 n = int(body.get("n", 0))
                 status, headers = upstream.admit(n, time.time())

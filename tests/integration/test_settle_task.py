@@ -5,10 +5,9 @@ window strategies fail the task with a clear error."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Any
-
-import uuid
 
 import pytest
 import redis
@@ -71,7 +70,9 @@ def held(app: Celery, name: str, index: int) -> float:
     assert isinstance(funnel, RedisFunnel)
     key = runtime.task_key(task(app, name).name, "", index)
     limit = task(app, name)._funnel_limits()[index]
-    return funnel.throttle(key, limit.capacity - 1, limit.rate.count, limit.rate.period, 0).reset_after
+    return funnel.throttle(
+        key, limit.capacity - 1, limit.rate.count, limit.rate.period, 0
+    ).reset_after
 
 
 def test_a_run_settles_its_named_funnels_and_a_second_settle_is_relative(app: Celery) -> None:

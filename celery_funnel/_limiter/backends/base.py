@@ -10,10 +10,17 @@ from ..decision import Decision, Reservation
 from ..guard import limit_method
 from ..scripts import Arg, Call, Reply, Script
 from ..strategies import (
-    align, fixed_window, gcra, hold, reservation, settle, sliding_log, sliding_window,
+    align,
+    fixed_window,
+    gcra,
+    hold,
+    reservation,
+    settle,
+    sliding_log,
+    sliding_window,
 )
-from ..strategies.reservation import Shape
 from ..strategies.align import Align
+from ..strategies.reservation import Shape
 from ..strategies.settle import Settle
 
 T = TypeVar("T")

@@ -11,7 +11,7 @@ away: at least ``now + tau + reset - remaining * T``. A TAT is never lowered.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from dataclasses import dataclass
 
 from ..errors import ConfigurationError
 from ..memstore import MemoryStore
@@ -22,7 +22,8 @@ from .gcra import MAX_TOLERANCE_US, shape
 __all__ = ["Align", "align_all", "align_call"]
 
 
-class Align(NamedTuple):
+@dataclass(frozen=True)
+class Align:
     """One GCRA funnel (``key``, ``max_burst``, ``count`` per ``period`` seconds) and
     what the upstream says remains of its limit: ``remaining`` units until ``reset``
     seconds from now, a ``window`` or a bucket."""

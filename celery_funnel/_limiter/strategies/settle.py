@@ -10,7 +10,7 @@ by the extra units, past tau if need be: a debt that the next admissions wait ou
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from dataclasses import dataclass
 
 from ..errors import ConfigurationError
 from ..memstore import MemoryStore
@@ -21,7 +21,8 @@ from .gcra import MAX_TOLERANCE_US
 __all__ = ["Settle", "decode", "settle_all", "settle_call"]
 
 
-class Settle(NamedTuple):
+@dataclass(frozen=True)
+class Settle:
     """One funnel to settle: ``units`` (actual - charged; below 0 gives back) of the
     GCRA funnel ``key`` that refills ``count`` units per ``period`` seconds."""
 
