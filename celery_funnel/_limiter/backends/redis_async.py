@@ -64,8 +64,9 @@ class AsyncRedisFunnel:
     ``throttle``, ``throttle_many``, ``water_level``, ``reserve``, ``reserve_all``,
     ``hold``, ``settle``, ``settle_all``, ``align``, ``align_all``, ``fixed_window``,
     ``sliding_log`` and ``sliding_window`` take the same arguments and give the same
-    answers (``Decision``, ``Reservation``) as ``Funnel``'s; each is one round trip (EVALSHA of a script loaded once; NOSCRIPT after a
-    ``SCRIPT FLUSH`` or a failover loads it again and retries). The Redis server's
+    answers (``Decision``, ``Reservation``) as ``Funnel``'s; each is one round trip
+    (EVALSHA of a script loaded once; NOSCRIPT after a ``SCRIPT FLUSH`` or a failover
+    loads it again and retries). The Redis server's
     ``TIME`` is the clock. A ``RedisFunnel`` on the same Redis shares every funnel.
 
     Raises (every method): ``ConfigurationError`` for bad arguments, before anything is
