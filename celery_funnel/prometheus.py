@@ -22,7 +22,9 @@ key, so the label stays small):
 - ``celery_funnel_override{funnel,field}``: runtime overrides in force (``control``):
   field ``rate`` (units per second), ``capacity``, ``concurrency`` and ``paused`` (1);
   a funnel without an override has none;
-- ``celery_funnel_parked{funnel}``: tasks parked in the funnels' Redis, per funnel.
+- ``celery_funnel_parked{funnel}``: tasks parked in the funnels' Redis, per funnel;
+- ``celery_funnel_settled_units_total{funnel,limit,direction}``: units that
+  ``funnel_settle`` gave back (``back``) or charged on top (``extra``), per named limit.
 
 The last two are read by each worker's live thread about twice a second.
 """
@@ -58,6 +60,7 @@ class Metrics:
     backend_up: Gauge
     override: Gauge
     parked: Gauge
+    settled: Counter
 
     def _receivers(self) -> list[tuple[Any, Any]]:
         return [
@@ -67,6 +70,7 @@ class Metrics:
             (signals.backend_error, self._on_backend_error),
             (signals.backend_recovered, self._on_backend_recovered),
             (signals.live_refreshed, self._on_live_refreshed),
+            (signals.task_settled, self._on_settled),
         ]
 
     def disconnect(self) -> None:
@@ -76,6 +80,16 @@ class Metrics:
         for registry_id, metrics in list(_enabled.items()):
             if metrics is self:
                 del _enabled[registry_id]
+
+    def _on_settled(
+        self, sender: Any = None, funnel: str = "", limit: str | None = None, **kw: Any
+    ) -> None:
+        change = int(kw.get("actual", 0)) - int(kw.get("charged", 0))
+        direction = "back" if change < 0 else "extra"
+        if change:
+            self.settled.labels(funnel=funnel, limit=limit or "", direction=direction).inc(
+                abs(change)
+            )
 
     def _on_admitted(self, sender: Any = None, funnel: str = "", **_: Any) -> None:
         self.admitted.labels(funnel=funnel).inc()
@@ -167,6 +181,12 @@ def enable(registry: CollectorRegistry | None = None) -> Metrics:
             ["funnel"],
             registry=registry,
             multiprocess_mode="max",
+        ),
+        settled=Counter(
+            prefix + "settled_units",
+            "Units given back (direction back) or charged on top (extra) by funnel_settle",
+            ["funnel", "limit", "direction"],
+            registry=registry,
         ),
     )
     metrics.backend_up.set(1)

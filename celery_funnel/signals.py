@@ -26,6 +26,7 @@ __all__ = [
     "task_admitted",
     "task_deferred",
     "task_refused",
+    "task_settled",
 ]
 
 task_admitted = Signal(name="task_admitted", providing_args={"task_id", "funnel", "dry_run"})
@@ -50,6 +51,14 @@ task_refused = Signal(name="task_refused", providing_args={"task_id", "funnel", 
 """The funnel failed a task: ``error`` is the exception it raises
 (``CostTooHighError``, ``TooManyDeferralsError`` or, with ``funnel_on_backend_error =
 "raise"``, ``BackendError``)."""
+
+task_settled = Signal(
+    name="task_settled", providing_args={"task_id", "funnel", "limit", "charged", "actual"}
+)
+"""A run settled one of its funnels (``FunnelTask.funnel_settle``): ``limit`` is the
+limit's name (None for the task's own unnamed funnel), ``charged`` the units it held
+for the run before (its estimate, or the last amount settled), ``actual`` what it
+holds now."""
 
 backend_error = Signal(name="backend_error", providing_args={"error", "policy", "first"})
 """A call to the funnel's Redis failed; ``first`` for the first failure of an outage

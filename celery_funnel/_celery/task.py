@@ -43,6 +43,7 @@ from .._limiter.errors import BackendError, ConfigurationError
 from .._limiter.headers import Upstream, backoff_of, read_headers
 from .._limiter.keys import safe_part
 from .._limiter.limit import Limit, fixed
+from ..signals import task_settled
 from . import backlog
 
 __all__ = ["HEADER", "FunnelTask", "limits_of"]
@@ -226,6 +227,11 @@ class FunnelTask(Task):  # type: ignore[misc]
             logger.warning("celery-funnel: task %s[%s] could not settle: %s", self.name,
                            request.id, error)  # fmt: skip
             return False
+        for i, units in wanted.items():
+            task_settled.send(
+                sender=self.name, task_id=request.id, funnel=charges[i].label,
+                limit=charges[i].limit.name, charged=held.get(i, charges[i].cost), actual=units,
+            )  # fmt: skip
         return True
 
     def funnel_feedback(

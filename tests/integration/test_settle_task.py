@@ -13,9 +13,11 @@ import pytest
 import redis
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
+from prometheus_client import CollectorRegistry
 
 from celery_funnel import ConfigurationError, FunnelTask, RedisFunnel
 from celery_funnel._config.runtime import runtime_for
+from tests.integration.conftest import sample
 from tests.integration.proj import close_app, new_app
 
 pytestmark = [pytest.mark.redis]
@@ -75,7 +77,9 @@ def held(app: Celery, name: str, index: int) -> float:
     ).reset_after
 
 
-def test_a_run_settles_its_named_funnels_and_a_second_settle_is_relative(app: Celery) -> None:
+def test_a_run_settles_its_named_funnels_and_a_second_settle_is_relative(
+    app: Celery, registry: CollectorRegistry
+) -> None:
     with start_worker(app, pool="threads", concurrency=1, perform_ping_check=False):
         assert task(app, "llm").delay(120, None).get(timeout=20)
         # 1 token/s: the funnel holds 120 s of tokens (the estimate 250 settled to 120)
@@ -83,6 +87,9 @@ def test_a_run_settles_its_named_funnels_and_a_second_settle_is_relative(app: Ce
         assert task(app, "llm").delay(100, 40).get(timeout=20)  # 250 -> 100 -> 40
         assert 159 < held(app, "llm", 1) <= 160
         assert held(app, "llm", 0) <= 0.02  # requests: charged 1 each, never settled
+    # the metric names the limit: given back 130, then 150 and 60
+    labels = {"funnel": task(app, "llm").name, "limit": "tokens", "direction": "back"}
+    assert sample(registry, "celery_funnel_settled_units_total", **labels) == 130 + 150 + 60
 
 
 def test_a_direct_call_settles_nothing(app: Celery) -> None:
