@@ -18,7 +18,7 @@ import functools
 import inspect
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any
 
@@ -36,7 +36,9 @@ from .._config.options import (
 )
 from .._config.runtime import runtime_for
 from .._config.settings import setting_name
+from .._gate.charges import matching
 from .._limiter.errors import ConfigurationError
+from .._limiter.limit import Limit
 from .task import FunnelTask
 
 __all__ = ["NotInstalled", "check_app", "check_definitions", "refuse_start", "uses_funnel"]
@@ -149,6 +151,19 @@ def _check_task(task: Any, wildcard: set[str]) -> bool:
     return bool(limits_of(task)) or concurrency_of(task) is not None
 
 
+def _names_apart(task: Any, worker_wide: Sequence[Limit]) -> None:
+    """Refuse a limit name a task shares with a worker-wide limit that charges it
+    (``funnel_settle(name=...)`` would not know which one it meant)."""
+    own = {limit.name for limit in limits_of(task) if limit.name is not None}
+    for limit in matching(worker_wide, task.name):
+        if limit.name in own:
+            raise ConfigurationError(
+                f"task {task.name!r}: limit name {limit.name!r} is also the name of the"
+                f" worker-wide funnel_limits[{limit.pattern!r}] that charges it; limit names"
+                f" are unique per task"
+            )
+
+
 def _errors(app: Any) -> Iterable[str]:
     try:
         settings = runtime_for(app).settings
@@ -160,6 +175,8 @@ def _errors(app: Any) -> Iterable[str]:
         try:
             if _check_task(task, wildcard):
                 throttled.append(task.name)
+                if settings is not None:
+                    _names_apart(task, settings.limits)
         except ConfigurationError as exc:
             yield str(exc)
     if settings is not None and (settings.limits or settings.concurrency or throttled):
