@@ -53,12 +53,17 @@ def app(redis_url: str, redis_client: redis.Redis) -> Iterator[Celery]:
     def fed(self: Any, headers: dict[str, str]) -> list[str]:
         return sorted(self.funnel_feedback(headers).quotas)
 
+    @app.task(bind=True, base=FunnelTask, funnel_rate="1/s", funnel_capacity=1000,
+              funnel_cost=100, name=f"own.{n}")  # fmt: skip
+    def own(self: Any, used: int) -> bool:
+        return bool(self.funnel_settle(used))  # the task's own funnel, unnamed
+
     app.conf.test_names = {t.split(".")[0]: t for t in (f"{x}.{n}" for x in NAMES)}
     yield app
     close_app(app)
 
 
-NAMES = ("llm", "unknown", "window", "fed")
+NAMES = ("llm", "unknown", "window", "fed", "own")
 
 
 def task(app: Celery, name: str) -> Any:
@@ -70,8 +75,9 @@ def held(app: Celery, name: str, index: int) -> float:
     runtime = runtime_for(app)
     funnel = runtime.funnel
     assert isinstance(funnel, RedisFunnel)
-    key = runtime.task_key(task(app, name).name, "", index)
-    limit = task(app, name)._funnel_limits()[index]
+    limits = task(app, name)._funnel_limits()
+    key = runtime.task_key(task(app, name).name, "", index if len(limits) > 1 else None)
+    limit = limits[index]
     return funnel.throttle(
         key, limit.capacity - 1, limit.rate.count, limit.rate.period, 0
     ).reset_after
@@ -83,13 +89,19 @@ def test_a_run_settles_its_named_funnels_and_a_second_settle_is_relative(
     with start_worker(app, pool="threads", concurrency=1, perform_ping_check=False):
         assert task(app, "llm").delay(120, None).get(timeout=20)
         # 1 token/s: the funnel holds 120 s of tokens (the estimate 250 settled to 120)
-        assert 119 < held(app, "llm", 1) <= 120
+        assert 118 < held(app, "llm", 1) <= 120
         assert task(app, "llm").delay(100, 40).get(timeout=20)  # 250 -> 100 -> 40
-        assert 159 < held(app, "llm", 1) <= 160
+        assert 158 < held(app, "llm", 1) <= 160
         assert held(app, "llm", 0) <= 0.02  # requests: charged 1 each, never settled
     # the metric names the limit: given back 130, then 150 and 60
     labels = {"funnel": task(app, "llm").name, "limit": "tokens", "direction": "back"}
     assert sample(registry, "celery_funnel_settled_units_total", **labels) == 130 + 150 + 60
+
+
+def test_a_task_settles_its_own_funnel_by_position(app: Celery) -> None:
+    with start_worker(app, pool="threads", concurrency=1, perform_ping_check=False):
+        assert task(app, "own").delay(30).get(timeout=20)
+    assert 28 < held(app, "own", 0) <= 30  # 100 charged, 30 settled, at 1 unit/s
 
 
 def test_a_direct_call_settles_nothing(app: Celery) -> None:
