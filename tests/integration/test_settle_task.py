@@ -33,28 +33,32 @@ def app(redis_url: str, redis_client: redis.Redis) -> Iterator[Celery]:
     app = new_app("settle_app", redis_url, redis_url, "settle", redis_url)
     n = uuid.uuid4().hex[:8]  # Celery warns of a task name registered twice
 
-    @app.task(bind=True, base=FunnelTask, funnel_limits=[REQUESTS, TOKENS], name=f"llm.{n}")
+    @app.task(
+        bind=True, base=FunnelTask, funnel_limits=[REQUESTS, TOKENS], name=f"llm.{n}", shared=False
+    )
     def llm(self: Any, first: int, second: int | None) -> bool:
         self.funnel_settle(tokens=first)
         if second is not None:
             self.funnel_settle(tokens=second)  # relative to the first
         return True
 
-    @app.task(bind=True, base=FunnelTask, funnel_limits=[TOKENS], name=f"unknown.{n}")
+    @app.task(bind=True, base=FunnelTask, funnel_limits=[TOKENS], name=f"unknown.{n}", shared=False)
     def unknown(self: Any) -> bool:
         return bool(self.funnel_settle(tokenz=1))
 
     @app.task(bind=True, base=FunnelTask, funnel_rate="1/s", funnel_capacity=100,
-              funnel_strategy="fixed_window", name=f"window.{n}")  # fmt: skip
+              funnel_strategy="fixed_window", name=f"window.{n}", shared=False)  # fmt: skip
     def window(self: Any) -> bool:
         return bool(self.funnel_settle(1))
 
-    @app.task(bind=True, base=FunnelTask, funnel_limits=[REQUESTS, TOKENS], name=f"fed.{n}")
+    @app.task(
+        bind=True, base=FunnelTask, funnel_limits=[REQUESTS, TOKENS], name=f"fed.{n}", shared=False
+    )
     def fed(self: Any, headers: dict[str, str]) -> list[str]:
         return sorted(self.funnel_feedback(headers).quotas)
 
     @app.task(bind=True, base=FunnelTask, funnel_rate="1/s", funnel_capacity=1000,
-              funnel_cost=100, name=f"own.{n}")  # fmt: skip
+              funnel_cost=100, name=f"own.{n}", shared=False)  # fmt: skip
     def own(self: Any, used: int) -> bool:
         return bool(self.funnel_settle(used))  # the task's own funnel, unnamed
 

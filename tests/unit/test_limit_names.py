@@ -24,7 +24,9 @@ def test_a_name_twice_on_one_task_fails_where_it_is_defined() -> None:
     app = app_with()
     limits = [{"name": "tokens", "rate": "10/s"}, {"name": "tokens", "rate": "5/s"}]
     with pytest.raises(ConfigurationError) as caught:
-        app.task(base=FunnelTask, funnel_limits=limits, name="names.twice")(lambda: None)
+        app.task(base=FunnelTask, funnel_limits=limits, name="names.twice", shared=False)(
+            lambda: None
+        )
     assert str(caught.value) == (
         "task 'names.twice': funnel_limits[1]['name']='tokens' is used twice; limit names"
         " are unique per task"
@@ -35,7 +37,7 @@ def test_a_name_must_be_an_identifier() -> None:
     app = app_with()
     with pytest.raises(ConfigurationError, match=r"funnel_limits\[0\]\['name'\] must be an"):
         app.task(base=FunnelTask, funnel_limits=[{"name": "to-kens", "rate": "1/s"}],
-                 name="names.bad")(lambda: None)  # fmt: skip
+                 name="names.bad", shared=False)(lambda: None)  # fmt: skip
 
 
 def test_worker_wide_names_are_unique() -> None:
@@ -49,7 +51,7 @@ def test_a_task_and_a_worker_wide_limit_that_charges_it_share_no_name() -> None:
     app = app_with(funnel_limits={"names.*": {"rate": "1/s", "name": "tokens"}})
 
     @app.task(base=FunnelTask, funnel_limits=[{"name": "tokens", "rate": "10/s"}],
-              name="names.clash")  # fmt: skip
+              name="names.clash", shared=False)  # fmt: skip
     def clash() -> None:
         pass
 
