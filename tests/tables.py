@@ -227,7 +227,7 @@ def _ten(q: int) -> dict[str, Any]:
     return _throttle(4, 10, 1, q)
 
 
-SETTLE: list[Step] = [
+SETTLE: list[Row] = [
     (0, "throttle", _ten(3), (False, 5, 2, -1.0, 0.3, 3)),
     (0, "settle", _settle(-2), (0.1,)),  # charged 3, used 1: two back at once
     (0, "throttle", _ten(4), (False, 5, 0, -1.0, 0.5, 4)),  # they fit at once
@@ -252,7 +252,7 @@ def _align(remaining: int, reset: float = 0.0, window: bool = False) -> dict[str
             "window": window}  # fmt: skip
 
 
-ALIGN: list[Step] = [
+ALIGN: list[Row] = [
     (0, "align", _align(5), (0.0,)),  # 5 remain of 5: nothing to do
     (0, "align", _align(2), (0.3,)),  # 2 remain: 3 of our 5 are spent
     (0, "throttle", _ten(3), (True, 5, 2, 0.1, 0.3, 0)),
