@@ -22,7 +22,11 @@ key, so the label stays small):
 - ``celery_funnel_override{funnel,field}``: runtime overrides in force (``control``):
   field ``rate`` (units per second), ``capacity``, ``concurrency`` and ``paused`` (1);
   a funnel without an override has none;
-- ``celery_funnel_parked{funnel}``: tasks parked in the funnels' Redis, per funnel.
+- ``celery_funnel_parked{funnel}``: tasks parked in the funnels' Redis, per funnel;
+- ``celery_funnel_collapsed_total{funnel,kind}``: sends that published no task of their
+  own (kind ``unique``: the key was held; ``debounce``: they joined a waiting run);
+- ``celery_funnel_dropped_total{funnel}``: unique tasks a worker dropped (their key was
+  held by another task).
 
 The last two are read by each worker's live thread about twice a second.
 """
@@ -58,6 +62,8 @@ class Metrics:
     backend_up: Gauge
     override: Gauge
     parked: Gauge
+    collapsed: Counter
+    dropped: Counter
 
     def _receivers(self) -> list[tuple[Any, Any]]:
         return [
@@ -67,6 +73,8 @@ class Metrics:
             (signals.backend_error, self._on_backend_error),
             (signals.backend_recovered, self._on_backend_recovered),
             (signals.live_refreshed, self._on_live_refreshed),
+            (signals.task_collapsed, self._on_collapsed),
+            (signals.task_dropped, self._on_dropped),
         ]
 
     def disconnect(self) -> None:
@@ -90,6 +98,12 @@ class Metrics:
         self, sender: Any = None, funnel: str = "", error: Any = None, **_: Any
     ) -> None:
         self.failed.labels(funnel=funnel, reason=type(error).__name__).inc()
+
+    def _on_collapsed(self, sender: Any = None, funnel: str = "", kind: str = "", **_: Any) -> None:
+        self.collapsed.labels(funnel=funnel, kind=kind).inc()
+
+    def _on_dropped(self, sender: Any = None, funnel: str = "", **_: Any) -> None:
+        self.dropped.labels(funnel=funnel).inc()
 
     def _on_backend_error(self, sender: Any = None, **_: Any) -> None:
         self.backend_errors.inc()
@@ -167,6 +181,18 @@ def enable(registry: CollectorRegistry | None = None) -> Metrics:
             ["funnel"],
             registry=registry,
             multiprocess_mode="max",
+        ),
+        collapsed=Counter(
+            prefix + "collapsed",
+            "Sends that published no task of their own (unique, debounce)",
+            ["funnel", "kind"],
+            registry=registry,
+        ),
+        dropped=Counter(
+            prefix + "dropped",
+            "Unique tasks dropped by a worker (their key was held)",
+            ["funnel"],
+            registry=registry,
         ),
     )
     metrics.backend_up.set(1)

@@ -178,6 +178,29 @@ def make_app(
     def bounded(self: Any, n: int = 0) -> None:
         record(self, n)
 
+    # unique per key (no rate): a run may take `seconds`
+    unique_ttl = float(os.environ.get("FUNNEL_TEST_UNIQUE_TTL", "600"))
+
+    @task("proj.unique", bind=True, base=FunnelTask, funnel_unique=True, funnel_key="{key}",
+          funnel_unique_ttl=unique_ttl)  # fmt: skip
+    def unique(self: Any, key: str, n: int = 0, seconds: float = 0.0) -> int:
+        record(self, key, n)
+        time.sleep(seconds)
+        return n
+
+    # debounced per key (no rate), and debounced under a rate and a concurrency limit
+    @task("proj.debounced", bind=True, base=FunnelTask, funnel_debounce=1.0, funnel_key="{key}")
+    def debounced(self: Any, key: str, n: int = 0) -> int:
+        record(self, key, n)
+        return n
+
+    @task("proj.debounced_limited", bind=True, base=FunnelTask, funnel_debounce=0.5,
+          funnel_debounce_max=2.0, funnel_key="{key}", funnel_rate="2/s",
+          funnel_concurrency=1)  # fmt: skip
+    def debounced_limited(self: Any, key: str, n: int = 0) -> int:
+        record(self, key, n)
+        return n
+
     @funnel_task("proj.steady", funnel_rate=steady_rate, ignore_result=True)
     def steady(self: Any, n: int = 0) -> None:
         record(self, n)

@@ -1,0 +1,118 @@
+"""Unique tasks (``funnel_unique``) on real ``celery worker`` processes and a real Redis:
+a burst of identical sends publishes one task, which runs once; a send after it finished
+runs again; a duplicate sent past ``FunnelTask.apply_async`` is dropped at the worker;
+a SIGKILLed worker's key is free again within its lease."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from celery import Celery, states
+
+from celery_funnel.testing import RedisServer
+from tests.integration.proj import close_app, make_app, runs
+from tests.integration.test_one_gate import once_each, workers
+from tests.polling import wait_for
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+KEY = "funnel:{proj.unique:a}#unique"
+
+
+@pytest.fixture
+def broker() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+def holder(url: str) -> str | None:
+    with redis.Redis.from_url(url) as client:
+        value = client.get(KEY)
+    return None if value is None else value.decode()
+
+
+def test_a_burst_runs_once_and_a_send_after_it_finished_runs_again(
+    standalone_url: str, broker: RedisServer
+) -> None:
+    """10 identical sends at once return one task id and make one run; once it ended
+    (the key freed at its end, not by its TTL of 600 s), a new send runs again."""
+    app = make_app(broker.url, standalone_url)
+    try:
+        with workers(broker.url, standalone_url, 2) as started:
+            started.wait_ready()
+            task = app.tasks["proj.unique"]
+            burst = {task.delay("a", n, seconds=0.5).id for n in range(10)}
+            assert len(burst) == 1
+            (first,) = burst
+            assert holder(standalone_url) == first
+            wait_for(lambda: len(runs(standalone_url)) >= 1, 30)
+            wait_for(lambda: holder(standalone_url) is None, 30)  # freed at the run's end
+            again = task.delay("a", 99).id
+            assert again != first
+            wait_for(lambda: len(runs(standalone_url)) >= 2, 30)
+            wait_for(lambda: holder(standalone_url) is None, 30)
+    finally:
+        close_app(app)
+    recorded = once_each(standalone_url, "proj.unique", {first, again})
+    assert sorted(r["args"][1] for r in recorded) == [0, 99]  # the first send's arguments
+
+
+def test_a_duplicate_sent_past_the_task_is_dropped_at_the_worker(
+    standalone_url: str, broker: RedisServer
+) -> None:
+    """Two ``app.send_task`` of the same key (no producer-side check): the first takes
+    the key at the worker and runs; the second, delivered while it runs, is dropped:
+    never run, its result REVOKED, a log line saying so."""
+    app = make_app(broker.url, standalone_url)
+    try:
+        with workers(broker.url, standalone_url, 1) as started:
+            started.wait_ready()
+            first = app.send_task("proj.unique", ("a", 1), {"seconds": 3.0})
+            wait_for(lambda: len(runs(standalone_url)) >= 1, 30)
+            second = app.send_task("proj.unique", ("a", 2))
+            wait_for(lambda: second.state == states.REVOKED, 30)
+            assert first.get(timeout=30) == 1
+            assert f"dropped task proj.unique[{second.id}]: task {first.id} holds" in (
+                started.logs()
+            )
+    finally:
+        close_app(app)
+    once_each(standalone_url, "proj.unique", {first.id})
+
+
+def test_a_sigkilled_worker_frees_the_key_within_its_lease(
+    standalone_url: str, broker: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """funnel_unique_ttl=3: a run of 60 s is renewed past its TTL while it runs; its
+    worker SIGKILLed, the key is free again within the TTL, and a new send runs."""
+    monkeypatch.setenv("FUNNEL_TEST_UNIQUE_TTL", "3")
+    app = make_app(broker.url, standalone_url)
+    try:
+        doomed = workers(broker.url, standalone_url, 1, FUNNEL_TEST_UNIQUE_TTL="3").start()
+        try:
+            doomed.wait_ready()
+            held = app.tasks["proj.unique"].delay("a", 1, seconds=60).id
+            wait_for(lambda: len(runs(standalone_url)) >= 1, 30)
+            started = time.monotonic()
+            wait_for(lambda: time.monotonic() - started > 4.5, 10)  # past one TTL: renewed
+            assert holder(standalone_url) == held
+            os.killpg(doomed.processes[0].pid, signal.SIGKILL)
+            killed = time.monotonic()
+        finally:
+            doomed.stop()
+        wait_for(lambda: holder(standalone_url) is None, 10)
+        freed_after = time.monotonic() - killed
+        print(f"\nkey freed {freed_after:.2f} s after the SIGKILL (TTL 3 s)")
+        assert freed_after <= 3.0 + 0.5
+        with workers(broker.url, standalone_url, 1, FUNNEL_TEST_UNIQUE_TTL="3"):
+            again = app.tasks["proj.unique"].delay("a", 2).id
+            wait_for(lambda: len(runs(standalone_url)) >= 2, 30)
+    finally:
+        close_app(app)
+    assert again != held
+    once_each(standalone_url, "proj.unique", {held, again})
