@@ -174,7 +174,7 @@ class Front:
         if spec is _UNSET:
             task = self.app.tasks.get(name)
             spec = self._specs[name] = unique_of(task) if task is not None else None
-        return spec  # type: ignore[return-value]
+        return spec if isinstance(spec, Unique) else None
 
     def __call__(self, request: Any) -> Any:
         spec = self._spec(request.type)
@@ -199,7 +199,8 @@ class Front:
             store_result=request.store_errors,
         )  # fmt: skip
         request.acknowledge()
-        self.runtime.observer.dropped(request.name, request.id, funnel, holder, self.events(request))
+        events = self.events(request)
+        self.runtime.observer.dropped(request.name, request.id, funnel, holder, events)
 
     def close(self) -> None:
         """Stop renewing (the keys of runs not ended run out with their TTL)."""

@@ -139,4 +139,3 @@ def _check_debounce(runtime: Any, app: Any) -> None:
                 f"{where} keeps each key's last send in the funnels' Redis, which has no"
                 f" append-only file (a restart would lose them): turn on 'appendonly yes'"
             )
-

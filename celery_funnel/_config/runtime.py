@@ -14,10 +14,10 @@ from .._limiter.backends.redis import RedisFunnel
 from .._limiter.errors import ConfigurationError
 from .._limiter.keys import limit_key, task_key
 from .._stores.backlog import Backlog
-from .._stores.debounce import DebounceStore
-from .._stores.unique import UniqueStore
 from .._stores.check import Finding, check, report
+from .._stores.debounce import DebounceStore
 from .._stores.persistence import Persistence
+from .._stores.unique import UniqueStore
 from .countdown import CountdownPolicy, policy_for
 from .observe import Observer
 from .outage import OutageLog

@@ -67,9 +67,10 @@ class DebounceStore(RedisStore):
         window); else it must be the open window's id. ``lead``: releasers claim
         entries this early; ``keep``: how long the window outlives the release."""
         label = str(message["meta"]["funnel"])
+        bound = -1 if most is None else round(most * US)
         args = (
-            task_id, "1" if new else "0", round(wait * US), -1 if most is None else round(most * US),
-            encode_message(message), label, round(lead * US), round(keep * US),
+            task_id, "1" if new else "0", round(wait * US), bound, encode_message(message),
+            label, round(lead * US), round(keep * US),
         )  # fmt: skip
         reply = self._script(self._send, [*self.keys, window], *args)
         if not int(reply[0]):

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from celery import Celery, states
+from celery import states
 
 from celery_funnel.testing import RedisServer
 from tests.integration.proj import close_app, make_app, runs
