@@ -1,0 +1,127 @@
+"""Debounced tasks (``funnel_debounce``) on real ``celery worker`` processes and a real
+Redis with AOF: a burst per key runs once, with the last send's arguments, the debounce
+time after the last send; a thousand keys each run once; with a rate and a concurrency
+limit on the same task; on RabbitMQ too."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+
+import pytest
+import redis
+from celery import Celery
+from kombu import Queue
+
+from celery_funnel._stores.park import ParkStore
+from celery_funnel.testing import CeleryWorkers, RedisServer
+from tests.integration.proj import close_app, make_app, runs
+from tests.integration.test_one_gate import ROOT, once_each, workers
+from tests.polling import wait_for
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+
+@pytest.fixture
+def broker() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+def parked(url: str) -> int:
+    with redis.Redis.from_url(url) as client:
+        return ParkStore(client, "funnel:").count()
+
+
+def bursts(app: Celery, name: str, keys: list[str], sends: int, spacing: float) -> tuple[
+    dict[str, set[str]], dict[str, tuple[int, float]]
+]:  # fmt: skip
+    """``sends`` sends per key, one round of all keys every ``spacing`` seconds: the ids
+    each key's sends got, and each key's last send (n, when)."""
+    ids: dict[str, set[str]] = defaultdict(set)
+    last: dict[str, tuple[int, float]] = {}
+    task = app.tasks[name]
+    for n in range(sends):
+        round_started = time.monotonic()
+        for key in keys:
+            ids[key].add(task.delay(key, n).id)
+            last[key] = (n, time.time())
+        # paces the sends (this is the load, not a wait for state)
+        time.sleep(max(spacing - (time.monotonic() - round_started), 0))
+    return ids, last
+
+
+def check_runs(url: str, name: str, ids: dict[str, set[str]], last: dict[str, tuple[int, float]],
+               low: float, high: float) -> None:  # fmt: skip
+    recorded = once_each(url, name, {i for found in ids.values() for i in found})
+    by_key = {r["args"][0]: r for r in recorded}
+    assert sorted(by_key) == sorted(ids), "one run per key"
+    for key, record in by_key.items():
+        n, sent_at = last[key]
+        after = record["at"] - sent_at
+        print(f"{key}: ran with n={record['args'][1]} {after:.2f} s after its last send")
+        assert record["args"][1] == n, "the last send's arguments"
+        assert low <= after <= high
+
+
+@pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq"])
+def test_bursts_of_two_keys_run_once_each_with_the_last_arguments(
+    standalone_url: str, broker: RedisServer, broker_kind: str, request: pytest.FixtureRequest
+) -> None:
+    """Debounce 1 s, 20 sends per key for two keys over 2 s: one run per key, with the
+    last send's arguments, 1 to 3 s after that key's last send; every send of a key got
+    the run's id."""
+    url = broker.url if broker_kind == "redis" else request.getfixturevalue("amqp_url")
+    queue = f"proj-debounce-{time.time_ns()}"
+    env = {"FUNNEL_TEST_BROKER": url, "FUNNEL_TEST_REDIS": standalone_url}
+    app = make_app(url, standalone_url, queue=queue)
+    try:
+        with CeleryWorkers(
+            "tests.integration.proj", 2, {**env, "FUNNEL_TEST_QUEUE": queue}, "-c", "2", "-Q",
+            queue, cwd=ROOT, prefix=f"{queue}-w",
+        ) as started:  # fmt: skip
+            started.wait_ready()
+            ids, last = bursts(app, "proj.debounced", ["a", "b"], 20, 0.1)
+            assert all(len(found) == 1 for found in ids.values()), ids
+            wait_for(lambda: len(runs(standalone_url)) >= 2 and parked(standalone_url) == 0, 30)
+    finally:
+        if broker_kind == "rabbitmq":
+            with app.connection_for_write() as connection:
+                Queue(queue, channel=connection.channel()).delete()
+        close_app(app)
+    check_runs(standalone_url, "proj.debounced", ids, last, 1.0, 3.0)
+
+
+def test_a_thousand_keys_run_once_each(standalone_url: str, broker: RedisServer) -> None:
+    """1,000 keys debounced at once (each sent twice): every key runs once, with its
+    second send's arguments."""
+    app = make_app(broker.url, standalone_url)
+    keys = [f"k{i}" for i in range(1000)]
+    try:
+        with workers(broker.url, standalone_url, 2) as started:
+            started.wait_ready()
+            ids, last = bursts(app, "proj.debounced", keys, 2, 0.0)
+            assert all(len(found) == 1 for found in ids.values())
+            wait_for(lambda: len(runs(standalone_url)) >= 1000 and parked(standalone_url) == 0, 120)
+    finally:
+        close_app(app)
+    check_runs(standalone_url, "proj.debounced", ids, last, 0.5, 60.0)
+
+
+def test_with_a_rate_and_a_concurrency_limit(standalone_url: str, broker: RedisServer) -> None:
+    """Debounce 0.5 s (at most 2 s) under 2/s and 1 at once per key: a key sent every
+    0.2 s for 3 s runs at the 2 s bound and again after its last send, each run with
+    the arguments of the last send before it; no send is lost."""
+    app = make_app(broker.url, standalone_url)
+    try:
+        with workers(broker.url, standalone_url, 2) as started:
+            started.wait_ready()
+            ids, last = bursts(app, "proj.debounced_limited", ["a"], 15, 0.2)
+            assert len(ids["a"]) >= 2  # the bound closed the first window mid-burst
+            wait_for(lambda: len(runs(standalone_url)) >= len(ids["a"]), 30)
+            wait_for(lambda: parked(standalone_url) == 0, 30)
+    finally:
+        close_app(app)
+    recorded = once_each(standalone_url, "proj.debounced_limited", ids["a"])
+    assert max(r["args"][1] for r in recorded) == last["a"][0]  # the very last send ran
