@@ -16,6 +16,7 @@ from celery import states
 
 from celery_funnel.testing import RedisServer
 from tests.integration.proj import close_app, make_app, runs
+from tests.integration.test_cli import celery_funnel
 from tests.integration.test_one_gate import once_each, workers
 from tests.polling import wait_for
 
@@ -101,6 +102,8 @@ def test_a_sigkilled_worker_frees_the_key_within_its_lease(
             started = time.monotonic()
             wait_for(lambda: time.monotonic() - started > 4.5, 10)  # past one TTL: renewed
             assert holder(standalone_url) == held
+            shown = celery_funnel(standalone_url, "status").stdout
+            assert f"unique: funnel:{{proj.unique:a}} held by task {held}" in shown
             os.killpg(doomed.processes[0].pid, signal.SIGKILL)
             killed = time.monotonic()
         finally:
