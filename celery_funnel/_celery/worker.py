@@ -13,6 +13,7 @@ from .._config.options import concurrency_of, debounce_of, option_of, unique_of
 from .._config.runtime import runtime_for
 from .._gate.gate import WorkerGate
 from .._limiter.errors import ConfigurationError
+from .._stores.persistence import aof_everywhere
 from .checks import check_app, refuse_start
 from .received import ReceivedOnce
 from .task import FunnelTask, limits_of
@@ -117,6 +118,17 @@ def _uses(app: Any, option: str) -> bool:
     )
 
 
+def _aof(runtime: Any) -> bool:
+    """Whether the funnels' Redis has AOF on; True when it cannot say now (down at
+    worker start: parking's own check logs it, and waits for it)."""
+    try:
+        return aof_everywhere(runtime.funnel.client)
+    except Exception as error:
+        logger.warning("celery-funnel: cannot read the funnels' Redis persistence (%r):"
+                       " debounced sends need an append-only file there", error)  # fmt: skip
+        return True
+
+
 def _check_debounce(runtime: Any, app: Any) -> None:
     """Debounced sends wait only in the funnels' Redis: refuse to start where they would
     not be released (``funnel_park=False``: no releaser) or could be lost (no AOF).
@@ -134,7 +146,7 @@ def _check_debounce(runtime: Any, app: Any) -> None:
                 f"{where} needs funnel_park (the workers' releasers publish debounced runs);"
                 f" funnel_park=False"
             )
-        if not runtime.persistence.keeps():
+        if not _aof(runtime):
             raise ConfigurationError(
                 f"{where} keeps each key's last send in the funnels' Redis, which has no"
                 f" append-only file (a restart would lose them): turn on 'appendonly yes'"

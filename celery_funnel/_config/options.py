@@ -156,8 +156,11 @@ def max_waiting_of(task: Any) -> int | None:
 
 
 def _dedupe_of(task: Any) -> tuple[Unique | None, Debounce | None]:
-    where = f"task {task_name(task)!r}"
-    read = partial(check_dedupe, where, partial(option_of, task))
+    """The task's unique and debounce options, read once (on every send)."""
+
+    def read() -> tuple[Unique | None, Debounce | None]:
+        return check_dedupe(f"task {task_name(task)!r}", partial(option_of, task))
+
     found: tuple[Unique | None, Debounce | None] = _read_once(task, "funnel_dedupe", read)
     return found
 

@@ -119,3 +119,35 @@ def test_a_sigkilled_worker_frees_the_key_within_its_lease(
         close_app(app)
     assert again != held
     once_each(standalone_url, "proj.unique", {held, again})
+
+
+@pytest.mark.parametrize("end", ["revoked", "time_limit", "expired"])
+def test_the_key_is_freed_when_the_run_ends_without_succeeding(
+    standalone_url: str, broker: RedisServer, end: str
+) -> None:
+    """A run revoked with terminate, killed by its hard time limit (a pool process
+    lost: seen in the worker's main process), or a task expired before it started: its
+    key is free at once (its TTL is 600 s), and a new send runs."""
+    app = make_app(broker.url, standalone_url)
+    task = app.tasks["proj.unique"]
+    try:
+        with workers(broker.url, standalone_url, 1) as started:
+            started.wait_ready()
+            if end == "expired":  # both pool slots busy with runs of other keys
+                task.delay("b", 0, seconds=3.0)
+                task.delay("c", 0, seconds=3.0)
+                wait_for(lambda: len(runs(standalone_url)) >= 2, 30)
+                held = task.apply_async(("a", 1), expires=1.0).id
+            else:
+                options = {"time_limit": 1.0} if end == "time_limit" else {}
+                held = task.apply_async(("a", 1), {"seconds": 30.0}, **options).id
+                wait_for(lambda: len(runs(standalone_url)) >= 1, 30)
+                if end == "revoked":
+                    app.control.revoke(held, terminate=True)
+            assert holder(standalone_url) in (held, None)
+            wait_for(lambda: holder(standalone_url) is None, 15)
+            again = task.delay("a", 2).id
+            assert again != held
+            wait_for(lambda: any(r["id"] == again for r in runs(standalone_url)), 30)
+    finally:
+        close_app(app)
