@@ -15,6 +15,7 @@ from kombu.asynchronous import set_event_loop
 from prometheus_client import CollectorRegistry
 
 from celery_funnel import prometheus, signals
+from celery_funnel.testing import RedisServer
 from tests.conftest import SERVERS, ServerPool
 
 
@@ -78,6 +79,13 @@ def standalone_url(server_pool: ServerPool) -> str:
     with redis.Redis.from_url(url) as client:
         client.flushall()
     return url
+
+
+@pytest.fixture
+def broker() -> Iterator[RedisServer]:
+    """A broker of the test's own (a private redis-server, stopped after the test)."""
+    with RedisServer() as server:
+        yield server
 
 
 @pytest.fixture(autouse=True)

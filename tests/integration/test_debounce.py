@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -27,12 +26,6 @@ pytestmark = [pytest.mark.redis, pytest.mark.slow]
 def _debounced_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
     """The test project's debounced tasks, here and in the workers started here."""
     monkeypatch.setenv("FUNNEL_TEST_DEBOUNCE", "1")
-
-
-@pytest.fixture
-def broker() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
 
 
 def parked(url: str) -> int:

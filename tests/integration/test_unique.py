@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -23,12 +22,6 @@ from tests.polling import wait_for
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 KEY = "funnel:{proj.unique:a}#unique"
-
-
-@pytest.fixture
-def broker() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
 
 
 def holder(url: str) -> str | None:
