@@ -28,6 +28,8 @@ class Recorder:
         "task_refused",
         "backend_error",
         "backend_recovered",
+        "task_collapsed",
+        "task_dropped",
     )
 
     def __init__(self) -> None:

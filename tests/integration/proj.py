@@ -188,6 +188,13 @@ def make_app(
         time.sleep(seconds)
         return n
 
+    # unique per key under a rate over all keys and one run at a time
+    @task("proj.unique_limited", bind=True, base=FunnelTask, funnel_unique=True,
+          funnel_key="{key}", funnel_limits=[{"rate": "2/s"}], funnel_concurrency=1)  # fmt: skip
+    def unique_limited(self: Any, key: str, n: int = 0) -> int:
+        record(self, key, n)
+        return n
+
     if os.environ.get("FUNNEL_TEST_DEBOUNCE") == "1":  # they need AOF and parking
         debounced_tasks(task, record)
 

@@ -5,16 +5,22 @@ limit on the same task; on RabbitMQ too."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import redis
 from celery import Celery
 from kombu import Queue
+from prometheus_client import CollectorRegistry
 
 from celery_funnel._stores.park import ParkStore
 from celery_funnel.testing import CeleryWorkers, RedisServer
+from tests.integration.conftest import Recorder, sample
 from tests.integration.proj import close_app, make_app, runs
 from tests.integration.test_one_gate import ROOT, once_each, workers
 from tests.polling import wait_for
@@ -64,32 +70,53 @@ def check_runs(url: str, name: str, ids: dict[str, set[str]], last: dict[str, tu
         assert low <= after <= high
 
 
-@pytest.mark.parametrize("broker_kind", ["redis", "rabbitmq"])
-def test_bursts_of_two_keys_run_once_each_with_the_last_arguments(
-    standalone_url: str, broker: RedisServer, broker_kind: str, request: pytest.FixtureRequest
-) -> None:
-    """Debounce 1 s, 20 sends per key for two keys over 2 s: one run per key, with the
-    last send's arguments, 1 to 3 s after that key's last send; every send of a key got
-    the run's id."""
-    url = broker.url if broker_kind == "redis" else request.getfixturevalue("amqp_url")
-    queue = f"proj-debounce-{time.time_ns()}"
-    env = {"FUNNEL_TEST_BROKER": url, "FUNNEL_TEST_REDIS": standalone_url}
-    app = make_app(url, standalone_url, queue=queue)
+@contextmanager
+def on_broker(
+    kind: str, broker: RedisServer, funnel_url: str, request: pytest.FixtureRequest, count: int
+) -> Iterator[tuple[Celery, CeleryWorkers]]:
+    """An app and ``count`` started workers of the test project on a queue of their own,
+    on the ``kind`` broker ("redis": ``broker``; "rabbitmq": skipped where it is not
+    running, unless CI is set); the queue is deleted after."""
+    url = broker.url if kind == "redis" else request.getfixturevalue("amqp_url")
+    queue = f"proj-{time.time_ns()}"
+    env = {"FUNNEL_TEST_BROKER": url, "FUNNEL_TEST_REDIS": funnel_url, "FUNNEL_TEST_QUEUE": queue}
+    app = make_app(url, funnel_url, queue=queue)
     try:
         with CeleryWorkers(
-            "tests.integration.proj", 2, {**env, "FUNNEL_TEST_QUEUE": queue}, "-c", "2", "-Q",
-            queue, cwd=ROOT, prefix=f"{queue}-w",
+            "tests.integration.proj", count, env, "-c", "2", "-Q", queue, cwd=ROOT,
+            prefix=f"{queue}-w",
         ) as started:  # fmt: skip
             started.wait_ready()
-            ids, last = bursts(app, "proj.debounced", ["a", "b"], 20, 0.1)
-            assert all(len(found) == 1 for found in ids.values()), ids
-            wait_for(lambda: len(runs(standalone_url)) >= 2 and parked(standalone_url) == 0, 30)
+            yield app, started
     finally:
-        if broker_kind == "rabbitmq":
+        if kind == "rabbitmq":
             with app.connection_for_write() as connection:
                 Queue(queue, channel=connection.channel()).delete()
         close_app(app)
+
+
+@pytest.mark.parametrize("kind", ["redis", "rabbitmq"])
+def test_bursts_of_two_keys_run_once_each_with_the_last_arguments(
+    standalone_url: str,
+    broker: RedisServer,
+    kind: str,
+    request: pytest.FixtureRequest,
+    recorder: Recorder,
+    registry: CollectorRegistry,
+) -> None:
+    """Debounce 1 s, 20 sends per key for two keys over 2 s: one run per key, with the
+    last send's arguments, 1 to 3 s after that key's last send; every send of a key got
+    the run's id; the 38 sends that joined a waiting run were counted."""
+    with on_broker(kind, broker, standalone_url, request, 2) as (app, _):
+        ids, last = bursts(app, "proj.debounced", ["a", "b"], 20, 0.1)
+        assert all(len(found) == 1 for found in ids.values()), ids
+        wait_for(lambda: len(runs(standalone_url)) >= 2 and parked(standalone_url) == 0, 30)
     check_runs(standalone_url, "proj.debounced", ids, last, 1.0, 3.0)
+    collapsed = recorder.of("task_collapsed")
+    assert len(collapsed) == 38
+    assert {c["task_id"] for c in collapsed} == {i for found in ids.values() for i in found}
+    labels = {"funnel": "proj.debounced", "kind": "debounce"}
+    assert sample(registry, "celery_funnel_collapsed_total", **labels) == 38
 
 
 def test_a_thousand_keys_run_once_each(standalone_url: str, broker: RedisServer) -> None:
@@ -155,3 +182,27 @@ def test_a_worker_refuses_to_start_where_debounced_sends_could_be_lost(
         finally:
             started.stop()
     assert "task 'proj.debounced': funnel_debounce=1 keeps each key's last send" in logs
+
+
+def test_no_send_is_lost_when_the_only_worker_is_sigkilled(
+    standalone_url: str, broker: RedisServer
+) -> None:
+    """50 keys sent twice, the only worker SIGKILLed before they are due: nothing runs
+    while no worker is up; the next worker runs every key once, with its last send."""
+    app = make_app(broker.url, standalone_url)
+    try:
+        doomed = workers(broker.url, standalone_url, 1).start()
+        try:
+            doomed.wait_ready()
+            ids, last = bursts(app, "proj.debounced", [f"k{i}" for i in range(50)], 2, 0.0)
+            os.killpg(doomed.processes[0].pid, signal.SIGKILL)
+        finally:
+            doomed.stop()
+        assert runs(standalone_url) == []
+        assert parked(standalone_url) == 50  # kept in the funnels' Redis, no worker up
+        with workers(broker.url, standalone_url, 1) as started:
+            started.wait_ready()
+            wait_for(lambda: len(runs(standalone_url)) >= 50 and parked(standalone_url) == 0, 60)
+    finally:
+        close_app(app)
+    check_runs(standalone_url, "proj.debounced", ids, last, 1.0, 120.0)

@@ -12,10 +12,13 @@ import time
 import pytest
 import redis
 from celery import states
+from prometheus_client import CollectorRegistry
 
 from celery_funnel.testing import RedisServer
+from tests.integration.conftest import Recorder, sample
 from tests.integration.proj import close_app, make_app, runs
 from tests.integration.test_cli import celery_funnel
+from tests.integration.test_debounce import on_broker
 from tests.integration.test_one_gate import once_each, workers
 from tests.polling import wait_for
 
@@ -30,30 +33,61 @@ def holder(url: str) -> str | None:
     return None if value is None else value.decode()
 
 
+@pytest.mark.parametrize("kind", ["redis", "rabbitmq"])
 def test_a_burst_runs_once_and_a_send_after_it_finished_runs_again(
-    standalone_url: str, broker: RedisServer
+    standalone_url: str,
+    broker: RedisServer,
+    kind: str,
+    request: pytest.FixtureRequest,
+    recorder: Recorder,
+    registry: CollectorRegistry,
 ) -> None:
     """10 identical sends at once return one task id and make one run; once it ended
-    (the key freed at its end, not by its TTL of 600 s), a new send runs again."""
+    (the key freed at its end, not by its TTL of 600 s), a new send runs again. The 9
+    sends that published nothing were counted."""
+    with on_broker(kind, broker, standalone_url, request, 2) as (app, _):
+        task = app.tasks["proj.unique"]
+        burst = {task.delay("a", n, seconds=0.5).id for n in range(10)}
+        assert len(burst) == 1
+        (first,) = burst
+        assert holder(standalone_url) == first
+        wait_for(lambda: len(runs(standalone_url)) >= 1, 30)
+        wait_for(lambda: holder(standalone_url) is None, 30)  # freed at the run's end
+        again = task.delay("a", 99).id
+        assert again != first
+        wait_for(lambda: len(runs(standalone_url)) >= 2, 30)
+        wait_for(lambda: holder(standalone_url) is None, 30)
+    recorded = once_each(standalone_url, "proj.unique", {first, again})
+    assert sorted(r["args"][1] for r in recorded) == [0, 99]  # the first send's arguments
+    assert [c["task_id"] for c in recorder.of("task_collapsed")] == [first] * 9
+    labels = {"funnel": "proj.unique", "kind": "unique"}
+    assert sample(registry, "celery_funnel_collapsed_total", **labels) == 9
+
+
+def test_unique_under_a_rate_and_a_concurrency_limit(
+    standalone_url: str, broker: RedisServer
+) -> None:
+    """Unique per key, 2/s over all keys, one at a time per key: bursts of 10 sends on 4
+    keys make 4 tasks, deferred by the rate (published again or held: the same ids keep
+    their keys), each run once; the keys are all free after."""
     app = make_app(broker.url, standalone_url)
+    task = app.tasks["proj.unique_limited"]
     try:
         with workers(broker.url, standalone_url, 2) as started:
             started.wait_ready()
-            task = app.tasks["proj.unique"]
-            burst = {task.delay("a", n, seconds=0.5).id for n in range(10)}
-            assert len(burst) == 1
-            (first,) = burst
-            assert holder(standalone_url) == first
-            wait_for(lambda: len(runs(standalone_url)) >= 1, 30)
-            wait_for(lambda: holder(standalone_url) is None, 30)  # freed at the run's end
-            again = task.delay("a", 99).id
-            assert again != first
-            wait_for(lambda: len(runs(standalone_url)) >= 2, 30)
-            wait_for(lambda: holder(standalone_url) is None, 30)
+            ids = {key: {task.delay(key, n).id for n in range(10)} for key in "abcd"}
+            assert all(len(found) == 1 for found in ids.values())
+            wait_for(lambda: len(runs(standalone_url)) >= 4, 30)
+            with redis.Redis.from_url(standalone_url) as client:
+                wait_for(lambda: not list(client.scan_iter("funnel:*#unique")), 30)
+            again = {task.delay(key, 10).id for key in "ab"}
+            wait_for(lambda: len(runs(standalone_url)) >= 6, 30)
     finally:
         close_app(app)
-    recorded = once_each(standalone_url, "proj.unique", {first, again})
-    assert sorted(r["args"][1] for r in recorded) == [0, 99]  # the first send's arguments
+    recorded = once_each(
+        standalone_url, "proj.unique_limited", {*again, *set().union(*ids.values())}
+    )
+    assert sorted(r["args"][1] for r in recorded) == [0, 0, 0, 0, 10, 10]
 
 
 def test_a_duplicate_sent_past_the_task_is_dropped_at_the_worker(
