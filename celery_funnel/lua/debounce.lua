@@ -3,7 +3,7 @@
 -- came for the debounce time (or the window's most), when a releaser publishes it.
 --
 -- KEYS     the eight of _parked.lua, then KEYS[9]: the key's window (string "<task id>
---          <first send µs>"; open while its entry waits unclaimed)
+--          <first send µs>"; open while its entry waits unclaimed, never released)
 -- ARGV[1]  the task id the message carries
 -- ARGV[2]  "1" when that id is new (no task had it), "0" when it names the window the
 --          sender expects to join
@@ -23,7 +23,9 @@ local open, first = nil, now
 local record = redis.call('GET', window)
 if record then
   local id, at = string.match(record, '^(%S+) (%d+)$')
-  if id and redis.call('HGET', claims, id) == '' then  -- waiting, not being released
+  -- open while its entry waits unclaimed and was never released (a released run that
+  -- a gate parked again, for a rate or a slot, has an acceptance record: closed)
+  if id and redis.call('HGET', claims, id) == '' and redis.call('HEXISTS', accepted, id) == 0 then
     open, first = id, tonumber(at)
   end
 end

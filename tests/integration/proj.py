@@ -231,6 +231,13 @@ def debounced_tasks(task: Any, record: Any) -> None:
         record(self, key, n)
         return n
 
+    # debounced, then one run every 3 s over all keys: a released run may be parked again
+    @task("proj.debounced_slow", bind=True, base=FunnelTask, funnel_debounce=0.2,
+          funnel_key="{key}", funnel_limits=[{"rate": "1/3s"}])  # fmt: skip
+    def debounced_slow(self: Any, key: str, n: int = 0) -> int:
+        record(self, key, n)
+        return n
+
 
 def close_app(app: Celery) -> None:
     """Let go of an app and every connection it holds (results, broker, funnels)."""

@@ -206,3 +206,28 @@ def test_no_send_is_lost_when_the_only_worker_is_sigkilled(
     finally:
         close_app(app)
     check_runs(standalone_url, "proj.debounced", ids, last, 1.0, 120.0)
+
+
+def test_a_send_after_the_release_opens_a_new_window(
+    standalone_url: str, broker: RedisServer
+) -> None:
+    """Debounce 0.2 s, then 1 run every 3 s over all keys (waits parked past 0.5 s):
+    of keys a and b released together, one waits parked again by the gate. Sends made
+    then get new ids (their keys' runs were released): 4 runs, each once, none lost."""
+    app = make_app(broker.url, standalone_url)
+    task = app.tasks["proj.debounced_slow"]
+    try:
+        with workers(broker.url, standalone_url, 1, FUNNEL_TEST_CONF='{"funnel_park_after": 0.5}'):
+            first = {key: task.delay(key, 0).id for key in "ab"}
+            with redis.Redis.from_url(standalone_url) as client:
+                store = ParkStore(client, "funnel:")
+                wait_for(lambda: set(store.counts()) == {"proj.debounced_slow"}, 30)
+            second = {key: task.delay(key, 1).id for key in "ab"}
+            assert all(second[key] != first[key] for key in "ab")
+            wait_for(lambda: len(runs(standalone_url)) >= 4 and parked(standalone_url) == 0, 60)
+    finally:
+        close_app(app)
+    recorded = once_each(standalone_url, "proj.debounced_slow", {*first.values(), *second.values()})
+    assert sorted((r["args"][0], r["args"][1]) for r in recorded) == [
+        ("a", 0), ("a", 1), ("b", 0), ("b", 1),
+    ]  # fmt: skip
