@@ -3,8 +3,8 @@ waits or runs, a send of the same key publishes nothing and returns the waiting 
 ``AsyncResult``.
 
 The producer takes the key before it publishes (``claim``, one script); the key holds
-the task id for ``funnel_unique_ttl`` seconds, renewed by the worker that runs the task
-(``Keeper``), and is freed when the run ends: ``task_postrun`` (success, failure, soft
+the task id for ``funnel_unique_ttl`` seconds, renewed every second by the worker that
+runs the task (``Keeper``), and is freed when the run ends: ``task_postrun`` (success, failure, soft
 time limit; not a retry, whose message keeps the key, nor an ``Ignore``), and in the
 worker's main process ``task_failure`` (hard time limit, a pool process lost) and
 ``task_revoked`` (revoked, expired). A task whose worker died frees its key when the
@@ -41,6 +41,7 @@ __all__ = ["Front", "Keeper", "claim", "connect", "free"]
 
 logger = logging.getLogger("celery_funnel")
 _UNSET = object()
+PAUSE_SECONDS = 1.0  # the longest pause between two renewals
 
 
 def funnel_of(task: Any, spec: Unique, args: Any, kwargs: Any) -> str:
@@ -148,8 +149,11 @@ class Keeper(Loop):
         for (_, ttl), pairs in groups.items():
             for index in self.runtime.unique.renew(pairs, ttl):
                 self._held.pop(pairs[index][1], None)
-        ttls = [entry[1] for _, entry in held]
-        return min(ttls) / 3 if ttls else 1.0
+        # at most a second: a run tracked meanwhile (its TTL from 3 s) is renewed in time
+        return min([PAUSE_SECONDS, *(entry[1] / 3 for _, entry in held)])
+
+    def failed(self, error: Exception) -> None:
+        logger.warning("celery-funnel: renewing unique keys failed (tried again): %r", error)
 
 
 class Front:

@@ -13,12 +13,14 @@ from .._limiter.values import number, to_bool
 
 __all__ = [
     "DEFAULT_UNIQUE_TTL",
+    "MIN_UNIQUE_TTL",
     "Debounce",
     "Unique",
     "check_dedupe",
 ]
 
 DEFAULT_UNIQUE_TTL = 600.0  # seconds a unique key outlives its last sign of life
+MIN_UNIQUE_TTL = 3.0
 _MOST = 30 * 86400.0  # a day count that no duration here should pass
 
 Getter = Callable[[str], Any]
@@ -53,9 +55,8 @@ def _unique(where: str, get: Getter) -> Unique | None:
             )
         return None
     seconds = DEFAULT_UNIQUE_TTL if ttl is None else ttl
-    seconds = number(f"{where}: funnel_unique_ttl", seconds, 0.001, _MOST)
-    if seconds <= 0.001:
-        raise ConfigurationError(f"{where}: funnel_unique_ttl must be positive, got {ttl!r}")
+    # renewed every second at most: a TTL of 3 s leaves a renewal two chances
+    seconds = number(f"{where}: funnel_unique_ttl", seconds, MIN_UNIQUE_TTL, _MOST)
     return Unique(_key(where, "funnel_unique=True", get), seconds)
 
 

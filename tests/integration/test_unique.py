@@ -178,3 +178,18 @@ def test_the_key_is_freed_when_the_run_ends_without_succeeding(
             wait_for(lambda: any(r["id"] == again for r in runs(standalone_url)), 30)
     finally:
         close_app(app)
+
+
+def test_reset_frees_the_keys_of_a_task(standalone_url: str, broker: RedisServer) -> None:
+    """A task whose message was purged keeps its key until its TTL: ``celery funnel reset
+    <task>`` frees it, and the next send is published."""
+    app = make_app(broker.url, standalone_url)
+    try:
+        held = app.tasks["proj.unique"].delay("a").id
+        assert app.tasks["proj.unique"].delay("a").id == held
+        done = celery_funnel(standalone_url, "reset", "proj.unique", "--yes")
+        assert f"  {KEY}" in done.stdout, done.stdout + done.stderr
+        assert holder(standalone_url) is None
+        assert app.tasks["proj.unique"].delay("a").id != held
+    finally:
+        close_app(app)

@@ -69,7 +69,11 @@ def test_unique_and_debounce_read_as_asked_without_a_rate() -> None:
         ),
         (
             {"funnel_unique": True, "funnel_unique_ttl": 0, "funnel_key": "{record}"},
-            "task 't.run': funnel_unique_ttl must be",
+            "task 't.run': funnel_unique_ttl must be a number of seconds from 3",
+        ),
+        (
+            {"funnel_unique": True, "funnel_unique_ttl": 1, "funnel_key": "{record}"},
+            "funnel_unique_ttl must be a number of seconds from 3 to 2.592e+06, got 1",
         ),
         ({"funnel_unique_ttl": 5}, "funnel_unique_ttl=5 has no effect without funnel_unique"),
         ({"funnel_debounce_max": 5}, "funnel_debounce_max=5 has no effect without funnel_deb"),
