@@ -14,6 +14,7 @@ import redis
 from celery import states
 from prometheus_client import CollectorRegistry
 
+from celery_funnel._stores.park import ParkStore
 from celery_funnel.testing import RedisServer
 from tests.integration.conftest import Recorder, sample
 from tests.integration.proj import close_app, make_app, runs
@@ -193,3 +194,30 @@ def test_reset_frees_the_keys_of_a_task(standalone_url: str, broker: RedisServer
         assert app.tasks["proj.unique"].delay("a").id != held
     finally:
         close_app(app)
+
+
+@pytest.mark.parametrize("park_after", ["5", "0.5"], ids=["held", "parked"])
+def test_tasks_revoked_while_they_wait_free_their_keys(
+    standalone_url: str, broker: RedisServer, park_after: str
+) -> None:
+    """8 keys at 2/s over all keys (waits up to 3.5 s: held in the worker, or parked past
+    0.5 s), the last 4 revoked at once: 4 run, and every key is free again long before
+    its TTL (600 s)."""
+    app = make_app(broker.url, standalone_url)
+    task = app.tasks["proj.unique_limited"]
+    conf = f'{{"funnel_park_after": {park_after}}}'
+    try:
+        with workers(broker.url, standalone_url, 1, FUNNEL_TEST_CONF=conf) as started:
+            started.wait_ready()
+            ids = [task.delay(key).id for key in "abcdefgh"]
+            with redis.Redis.from_url(standalone_url) as client:
+                wait_for(lambda: len(runs(standalone_url)) >= 1, 30)  # the rest wait now
+                if park_after == "0.5":
+                    wait_for(lambda: ParkStore(client, "funnel:").count() >= 6, 30)
+                for task_id in ids[4:]:
+                    app.control.revoke(task_id)
+                wait_for(lambda: not list(client.scan_iter("funnel:*#unique")), 30)
+            wait_for(lambda: len(runs(standalone_url)) >= 4, 30)
+    finally:
+        close_app(app)
+    once_each(standalone_url, "proj.unique_limited", set(ids[:4]))
