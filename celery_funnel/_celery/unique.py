@@ -31,7 +31,7 @@ from celery.worker.state import task_ready
 from .._config.dedupe import Unique
 from .._config.options import unique_of
 from .._config.runtime import Runtime, runtime_for
-from .._gate.leases import _alive
+from .._gate.leases import alive
 from .._gate.publish import gate_publishes
 from .._limiter.keys import hash_tag
 from .._limiter.limit import key_part
@@ -135,17 +135,15 @@ class Keeper(Loop):
             self.start()
 
     def tick(self) -> float:
-        held = [(i, entry) for i, entry in list(self._held.items()) if _alive(entry[2])]
+        held = [(i, entry) for i, entry in list(self._held.items()) if alive(entry[2])]
         for task_id in set(self._held) - {i for i, _ in held}:
             self._held.pop(task_id, None)  # done: its end freed the key, or its TTL will
+        # one call per TTL; on a Redis Cluster, one per hash tag too (one slot each)
+        cluster = "Cluster" in type(self.runtime.unique.client).__name__
         groups: dict[tuple[str | None, float], list[tuple[str, str]]] = {}
         for task_id, (funnel, ttl, _) in held:
-            groups.setdefault((hash_tag(funnel), ttl), []).append((funnel, task_id))
-        if "Cluster" not in type(self.runtime.unique.client).__name__:
-            merged: dict[float, list[tuple[str, str]]] = {}
-            for (_, ttl), pairs in groups.items():
-                merged.setdefault(ttl, []).extend(pairs)
-            groups = {(None, ttl): pairs for ttl, pairs in merged.items()}
+            tag = hash_tag(funnel) if cluster else None
+            groups.setdefault((tag, ttl), []).append((funnel, task_id))
         for (_, ttl), pairs in groups.items():
             for index in self.runtime.unique.renew(pairs, ttl):
                 self._held.pop(pairs[index][1], None)
