@@ -20,6 +20,7 @@ from tests.integration.conftest import Recorder, sample
 from tests.integration.proj import close_app, make_app, runs
 from tests.integration.test_cli import celery_funnel
 from tests.integration.test_debounce import on_broker
+from tests.integration.test_observability import Events
 from tests.integration.test_one_gate import once_each, workers
 from tests.polling import wait_for
 
@@ -96,10 +97,14 @@ def test_a_duplicate_sent_past_the_task_is_dropped_at_the_worker(
 ) -> None:
     """Two ``app.send_task`` of the same key (no producer-side check): the first takes
     the key at the worker and runs; the second, delivered while it runs, is dropped:
-    never run, its result REVOKED, a log line saying so."""
+    never run, its result REVOKED, a log line and a ``task-dropped`` event saying so."""
     app = make_app(broker.url, standalone_url)
+    events_on = '{"worker_send_task_events": true}'
     try:
-        with workers(broker.url, standalone_url, 1) as started:
+        with (
+            Events(app) as events,
+            workers(broker.url, standalone_url, 1, FUNNEL_TEST_CONF=events_on) as started,
+        ):
             started.wait_ready()
             first = app.send_task("proj.unique", ("a", 1), {"seconds": 3.0})
             wait_for(lambda: len(runs(standalone_url)) >= 1, 30)
@@ -109,9 +114,13 @@ def test_a_duplicate_sent_past_the_task_is_dropped_at_the_worker(
             assert f"dropped task proj.unique[{second.id}]: task {first.id} holds" in (
                 started.logs()
             )
+            wait_for(lambda: events.of("task-dropped"), 10)
     finally:
         close_app(app)
     once_each(standalone_url, "proj.unique", {first.id})
+    (event,) = events.of("task-dropped")
+    assert (event["uuid"], event["holder"]) == (second.id, first.id)
+    assert (event["name"], event["funnel"]) == ("proj.unique", "funnel:{proj.unique:a}")
 
 
 def test_a_sigkilled_worker_frees_the_key_within_its_lease(
