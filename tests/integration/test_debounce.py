@@ -19,6 +19,7 @@ from kombu import Queue
 from prometheus_client import CollectorRegistry
 
 from celery_funnel._stores.park import ParkStore
+from celery_funnel.dashboard._state import funnel_state
 from celery_funnel.testing import CeleryWorkers, RedisServer
 from tests.integration.conftest import Recorder, sample
 from tests.integration.proj import close_app, make_app, runs
@@ -231,3 +232,22 @@ def test_a_send_after_the_release_opens_a_new_window(
     assert sorted((r["args"][0], r["args"][1]) for r in recorded) == [
         ("a", 0), ("a", 1), ("b", 0), ("b", 1),
     ]  # fmt: skip
+
+
+def test_the_dashboard_counts_keys_held_and_waiting(
+    standalone_url: str, broker: RedisServer
+) -> None:
+    """No worker runs: 3 debounced keys wait, 2 unique keys are held; the dashboard's
+    state says so per task."""
+    app = make_app(broker.url, standalone_url)
+    try:
+        for key in "abc":
+            app.tasks["proj.debounced"].delay(key)
+        for key in "ab":
+            app.tasks["proj.unique"].delay(key)
+        rows = {(r["task"], r["kind"]): r["keys"] for r in funnel_state(app)["dedupe"]}
+    finally:
+        close_app(app)
+    assert rows[("proj.debounced", "debounce")] == 3
+    assert rows[("proj.unique", "unique")] == 2
+    assert rows[("proj.unique_limited", "unique")] == 0
