@@ -5,18 +5,25 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from celery import Celery
 from celery.result import _set_task_join_will_block
+from kombu import Queue
 from kombu.asynchronous import set_event_loop
 from prometheus_client import CollectorRegistry
 
 from celery_funnel import prometheus, signals
-from celery_funnel.testing import RedisServer
+from celery_funnel.testing import CeleryWorkers, RedisServer
 from tests.conftest import SERVERS, ServerPool
+from tests.integration.proj import close_app, make_app
+
+ROOT = str(Path(__file__).resolve().parents[2])
 
 
 class Recorder:
@@ -118,3 +125,30 @@ def amqp_url() -> str:
             pytest.fail("RabbitMQ is not listening on 127.0.0.1:5672 and CI is set")
         pytest.skip("RabbitMQ is not listening on 127.0.0.1:5672")
     return AMQP
+
+
+@pytest.fixture(params=["redis", "rabbitmq"])
+def on_broker(
+    request: pytest.FixtureRequest, broker: RedisServer, standalone_url: str
+) -> Iterator[Celery]:
+    """An app of the test project and two of its workers, started, on a queue of their
+    own, on a Redis broker (``broker``) or on RabbitMQ (skipped where it is not running,
+    unless CI is set); the queue is deleted after."""
+    url = broker.url if request.param == "redis" else request.getfixturevalue("amqp_url")
+    queue = f"proj-{time.time_ns()}"
+    env = {
+        "FUNNEL_TEST_BROKER": url, "FUNNEL_TEST_REDIS": standalone_url, "FUNNEL_TEST_QUEUE": queue,
+    }  # fmt: skip
+    app = make_app(url, standalone_url, queue=queue)
+    try:
+        with CeleryWorkers(
+            "tests.integration.proj", 2, env, "-c", "2", "-Q", queue, cwd=ROOT,
+            prefix=f"{queue}-w",
+        ) as started:  # fmt: skip
+            started.wait_ready()
+            yield app
+    finally:
+        if request.param == "rabbitmq":
+            with app.connection_for_write() as connection:
+                Queue(queue, channel=connection.channel()).delete()
+        close_app(app)

@@ -9,21 +9,18 @@ import os
 import signal
 import time
 from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 import redis
 from celery import Celery
-from kombu import Queue
 from prometheus_client import CollectorRegistry
 
 from celery_funnel._stores.park import ParkStore
 from celery_funnel.dashboard._state import funnel_state
-from celery_funnel.testing import CeleryWorkers, RedisServer
+from celery_funnel.testing import RedisServer
 from tests.integration.conftest import Recorder, sample
 from tests.integration.proj import close_app, make_app, runs
-from tests.integration.test_one_gate import ROOT, once_each, workers
+from tests.integration.test_one_gate import once_each, workers
 from tests.polling import wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -71,47 +68,15 @@ def check_runs(url: str, name: str, ids: dict[str, set[str]], last: dict[str, tu
         assert low <= after <= high
 
 
-@contextmanager
-def on_broker(
-    kind: str, broker: RedisServer, funnel_url: str, request: pytest.FixtureRequest, count: int
-) -> Iterator[tuple[Celery, CeleryWorkers]]:
-    """An app and ``count`` started workers of the test project on a queue of their own,
-    on the ``kind`` broker ("redis": ``broker``; "rabbitmq": skipped where it is not
-    running, unless CI is set); the queue is deleted after."""
-    url = broker.url if kind == "redis" else request.getfixturevalue("amqp_url")
-    queue = f"proj-{time.time_ns()}"
-    env = {"FUNNEL_TEST_BROKER": url, "FUNNEL_TEST_REDIS": funnel_url, "FUNNEL_TEST_QUEUE": queue}
-    app = make_app(url, funnel_url, queue=queue)
-    try:
-        with CeleryWorkers(
-            "tests.integration.proj", count, env, "-c", "2", "-Q", queue, cwd=ROOT,
-            prefix=f"{queue}-w",
-        ) as started:  # fmt: skip
-            started.wait_ready()
-            yield app, started
-    finally:
-        if kind == "rabbitmq":
-            with app.connection_for_write() as connection:
-                Queue(queue, channel=connection.channel()).delete()
-        close_app(app)
-
-
-@pytest.mark.parametrize("kind", ["redis", "rabbitmq"])
 def test_bursts_of_two_keys_run_once_each_with_the_last_arguments(
-    standalone_url: str,
-    broker: RedisServer,
-    kind: str,
-    request: pytest.FixtureRequest,
-    recorder: Recorder,
-    registry: CollectorRegistry,
+    standalone_url: str, on_broker: Celery, recorder: Recorder, registry: CollectorRegistry
 ) -> None:
     """Debounce 1 s, 20 sends per key for two keys over 2 s: one run per key, with the
     last send's arguments, 1 to 3 s after that key's last send; every send of a key got
     the run's id; the 38 sends that joined a waiting run were counted."""
-    with on_broker(kind, broker, standalone_url, request, 2) as (app, _):
-        ids, last = bursts(app, "proj.debounced", ["a", "b"], 20, 0.1)
-        assert all(len(found) == 1 for found in ids.values()), ids
-        wait_for(lambda: len(runs(standalone_url)) >= 2 and parked(standalone_url) == 0, 30)
+    ids, last = bursts(on_broker, "proj.debounced", ["a", "b"], 20, 0.1)
+    assert all(len(found) == 1 for found in ids.values()), ids
+    wait_for(lambda: len(runs(standalone_url)) >= 2 and parked(standalone_url) == 0, 30)
     check_runs(standalone_url, "proj.debounced", ids, last, 1.0, 3.0)
     collapsed = recorder.of("task_collapsed")
     assert len(collapsed) == 38

@@ -11,7 +11,7 @@ import time
 
 import pytest
 import redis
-from celery import states
+from celery import Celery, states
 from prometheus_client import CollectorRegistry
 
 from celery_funnel._stores.park import ParkStore
@@ -19,7 +19,6 @@ from celery_funnel.testing import RedisServer
 from tests.integration.conftest import Recorder, sample
 from tests.integration.proj import close_app, make_app, runs
 from tests.integration.test_cli import celery_funnel
-from tests.integration.test_debounce import on_broker
 from tests.integration.test_observability import Events
 from tests.integration.test_one_gate import once_each, workers
 from tests.polling import wait_for
@@ -35,30 +34,23 @@ def holder(url: str) -> str | None:
     return None if value is None else value.decode()
 
 
-@pytest.mark.parametrize("kind", ["redis", "rabbitmq"])
 def test_a_burst_runs_once_and_a_send_after_it_finished_runs_again(
-    standalone_url: str,
-    broker: RedisServer,
-    kind: str,
-    request: pytest.FixtureRequest,
-    recorder: Recorder,
-    registry: CollectorRegistry,
+    standalone_url: str, on_broker: Celery, recorder: Recorder, registry: CollectorRegistry
 ) -> None:
     """10 identical sends at once return one task id and make one run; once it ended
     (the key freed at its end, not by its TTL of 600 s), a new send runs again. The 9
     sends that published nothing were counted."""
-    with on_broker(kind, broker, standalone_url, request, 2) as (app, _):
-        task = app.tasks["proj.unique"]
-        burst = {task.delay("a", n, seconds=0.5).id for n in range(10)}
-        assert len(burst) == 1
-        (first,) = burst
-        assert holder(standalone_url) == first
-        wait_for(lambda: len(runs(standalone_url)) >= 1, 30)
-        wait_for(lambda: holder(standalone_url) is None, 30)  # freed at the run's end
-        again = task.delay("a", 99).id
-        assert again != first
-        wait_for(lambda: len(runs(standalone_url)) >= 2, 30)
-        wait_for(lambda: holder(standalone_url) is None, 30)
+    task = on_broker.tasks["proj.unique"]
+    burst = {task.delay("a", n, seconds=0.5).id for n in range(10)}
+    assert len(burst) == 1
+    (first,) = burst
+    assert holder(standalone_url) == first
+    wait_for(lambda: len(runs(standalone_url)) >= 1, 30)
+    wait_for(lambda: holder(standalone_url) is None, 30)  # freed at the run's end
+    again = task.delay("a", 99).id
+    assert again != first
+    wait_for(lambda: len(runs(standalone_url)) >= 2, 30)
+    wait_for(lambda: holder(standalone_url) is None, 30)
     recorded = once_each(standalone_url, "proj.unique", {first, again})
     assert sorted(r["args"][1] for r in recorded) == [0, 99]  # the first send's arguments
     assert [c["task_id"] for c in recorder.of("task_collapsed")] == [first] * 9
