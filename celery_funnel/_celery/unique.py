@@ -14,7 +14,7 @@ Worker side (``Front``, in front of Celery's pool): a task sent past
 ``FunnelTask.apply_async`` (``app.send_task``, another client) takes the key as it
 arrives; one that finds it held by another task is dropped: acked, its result marked
 REVOKED ("duplicate of <holder>": ``AsyncResult.get`` raises ``TaskRevokedError``), a
-``task-dropped`` event, a log line, never run.
+``task-revoked`` and a ``funnel-dropped`` event, a log line, never run.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from .._gate.leases import alive
 from .._gate.publish import gate_publishes
 from .._limiter.keys import hash_tag
 from .._limiter.limit import key_part
-from .loop import Loop
+from .loop import Loop, log_failure
 
 __all__ = ["Front", "Keeper", "claim", "connect", "free"]
 
@@ -151,7 +151,7 @@ class Keeper(Loop):
         return min([PAUSE_SECONDS, *(entry[1] / 3 for _, entry in held)])
 
     def failed(self, error: Exception) -> None:
-        logger.warning("celery-funnel: renewing unique keys failed (tried again): %r", error)
+        log_failure("renewing the keys of unique tasks (tried again)", error)
 
 
 class Front:
@@ -196,6 +196,8 @@ class Front:
 
     def _drop(self, request: Any, funnel: str, holder: str) -> None:
         task_ready(request)
+        # as Celery ends a revoked task: event consumers (Flower) see it REVOKED
+        request.send_event("task-revoked", terminated=False, signum=None, expired=False)
         request.task.backend.mark_as_revoked(
             request.id, f"duplicate of {holder}", request=request._context,
             store_result=request.store_errors,

@@ -21,8 +21,17 @@ from .._limiter.errors import ConfigurationError
 from .._limiter.keys import FunnelKey
 from .._ops.configured import concurrency_in_force, idle_rows, in_force
 from .._ops.control import Override, families, overrides, owner
-from .._ops.view import Failure, Found, at, describe, fair_lines, find, limit_of, resolve
-from .._ops.view import unique_rows
+from .._ops.view import (
+    Failure,
+    Found,
+    at,
+    describe,
+    fair_lines,
+    find,
+    limit_of,
+    resolve,
+    unique_rows,
+)
 from .._stores.check import acl_line, check
 from .._stores.park import ParkStore
 from .control import dashboard, override_lines, pause, resume, set_command, unset

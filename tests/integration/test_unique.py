@@ -89,7 +89,8 @@ def test_a_duplicate_sent_past_the_task_is_dropped_at_the_worker(
 ) -> None:
     """Two ``app.send_task`` of the same key (no producer-side check): the first takes
     the key at the worker and runs; the second, delivered while it runs, is dropped:
-    never run, its result REVOKED, a log line and a ``task-dropped`` event saying so."""
+    never run, its result REVOKED, a log line, ``task-revoked`` and ``funnel-dropped``
+    events saying so."""
     app = make_app(broker.url, standalone_url)
     events_on = '{"worker_send_task_events": true}'
     try:
@@ -106,11 +107,12 @@ def test_a_duplicate_sent_past_the_task_is_dropped_at_the_worker(
             assert f"dropped task proj.unique[{second.id}]: task {first.id} holds" in (
                 started.logs()
             )
-            wait_for(lambda: events.of("task-dropped"), 10)
+            wait_for(lambda: events.of("funnel-dropped") and events.of("task-revoked"), 10)
     finally:
         close_app(app)
     once_each(standalone_url, "proj.unique", {first.id})
-    (event,) = events.of("task-dropped")
+    assert [e["uuid"] for e in events.of("task-revoked")] == [second.id]
+    (event,) = events.of("funnel-dropped")
     assert (event["uuid"], event["holder"]) == (second.id, first.id)
     assert (event["name"], event["funnel"]) == ("proj.unique", "funnel:{proj.unique:a}")
 
