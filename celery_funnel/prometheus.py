@@ -25,8 +25,13 @@ key, so the label stays small):
 - ``celery_funnel_parked{funnel}``: tasks parked in the funnels' Redis, per funnel;
 - ``celery_funnel_settled_units_total{funnel,limit,direction}``: units that
   ``funnel_settle`` gave back (``back``) or charged on top (``extra``), per named limit.
+- ``celery_funnel_collapsed_total{funnel,kind}``: sends that published no task of their
+  own (kind ``unique``: the key was held; ``debounce``: they joined a waiting run);
+- ``celery_funnel_dropped_total{funnel}``: unique tasks a worker dropped (their key was
+  held by another task).
 
-The last two are read by each worker's live thread about twice a second.
+``celery_funnel_override`` and ``celery_funnel_parked`` are read by each worker's live
+thread about twice a second.
 """
 
 from __future__ import annotations
@@ -61,6 +66,8 @@ class Metrics:
     override: Gauge
     parked: Gauge
     settled: Counter
+    collapsed: Counter
+    dropped: Counter
 
     def _receivers(self) -> list[tuple[Any, Any]]:
         return [
@@ -71,6 +78,8 @@ class Metrics:
             (signals.backend_recovered, self._on_backend_recovered),
             (signals.live_refreshed, self._on_live_refreshed),
             (signals.task_settled, self._on_settled),
+            (signals.task_collapsed, self._on_collapsed),
+            (signals.task_dropped, self._on_dropped),
         ]
 
     def disconnect(self) -> None:
@@ -104,6 +113,12 @@ class Metrics:
         self, sender: Any = None, funnel: str = "", error: Any = None, **_: Any
     ) -> None:
         self.failed.labels(funnel=funnel, reason=type(error).__name__).inc()
+
+    def _on_collapsed(self, sender: Any = None, funnel: str = "", kind: str = "", **_: Any) -> None:
+        self.collapsed.labels(funnel=funnel, kind=kind).inc()
+
+    def _on_dropped(self, sender: Any = None, funnel: str = "", **_: Any) -> None:
+        self.dropped.labels(funnel=funnel).inc()
 
     def _on_backend_error(self, sender: Any = None, **_: Any) -> None:
         self.backend_errors.inc()
@@ -186,6 +201,18 @@ def enable(registry: CollectorRegistry | None = None) -> Metrics:
             prefix + "settled_units",
             "Units given back (direction back) or charged on top (extra) by funnel_settle",
             ["funnel", "limit", "direction"],
+            registry=registry,
+        ),
+        collapsed=Counter(
+            prefix + "collapsed",
+            "Sends that published no task of their own (unique, debounce)",
+            ["funnel", "kind"],
+            registry=registry,
+        ),
+        dropped=Counter(
+            prefix + "dropped",
+            "Unique tasks dropped by a worker (their key was held)",
+            ["funnel"],
             registry=registry,
         ),
     )

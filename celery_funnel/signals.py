@@ -24,7 +24,9 @@ __all__ = [
     "backend_recovered",
     "live_refreshed",
     "task_admitted",
+    "task_collapsed",
     "task_deferred",
+    "task_dropped",
     "task_refused",
     "task_settled",
 ]
@@ -59,6 +61,16 @@ task_settled = Signal(
 limit's name (None for the task's own unnamed funnel), ``charged`` the units it held
 for the run before (its estimate, or the last amount settled), ``actual`` what it
 holds now."""
+
+task_collapsed = Signal(name="task_collapsed", providing_args={"task_id", "funnel", "kind"})
+"""A send did not publish a task of its own (sent in the producer): ``kind``
+``"unique"``, the key was held by task ``task_id`` (the caller got its result), or
+``"debounce"``, the send replaced the waiting arguments of task ``task_id``."""
+
+task_dropped = Signal(name="task_dropped", providing_args={"task_id", "funnel", "holder"})
+"""A worker dropped a unique task (``funnel_unique``) that arrived while task ``holder``
+held its key (a send that bypassed ``FunnelTask.apply_async``): acked, marked REVOKED,
+never run."""
 
 backend_error = Signal(name="backend_error", providing_args={"error", "policy", "first"})
 """A call to the funnel's Redis failed; ``first`` for the first failure of an outage

@@ -20,7 +20,7 @@ from .._gate.publish import gate_publishes
 from .._limiter.errors import TooManyWaitingError
 from .._limiter.limit import key_part
 
-__all__ = ["connect", "enter", "leave", "left_parked"]
+__all__ = ["connect", "enter", "leave", "left_parked", "parked_call"]
 
 
 def _funnel(task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
@@ -61,21 +61,28 @@ def leave(task: Any, task_id: str, args: Any, kwargs: Any) -> None:
         runtime_for(task.app).backlog.leave(_funnel(task, args or (), kwargs or {}), task_id)
 
 
-def left_parked(app: Any, task_id: str, message: Mapping[str, Any]) -> None:
-    """A parked task was dropped (revoked while parked): it leaves its backlog. Its
-    arguments come from the parked message's body (Celery's message protocol 2:
-    ``[args, kwargs, embed]``). Never raises."""
+def parked_call(app: Any, message: Mapping[str, Any]) -> tuple[Any, Any, Any] | None:
+    """The task, args and kwargs of a parked message (Celery's message protocol 2: a
+    body of ``[args, kwargs, embed]``); None when they cannot be read. Never raises."""
     task = app.tasks.get(str((message.get("headers") or {}).get("task")))
-    if task is None or max_waiting_of(task) is None:
-        return
+    if task is None:
+        return None
     try:
         body = loads(  # type: ignore[no-untyped-call]
             message["body"], message["content_type"], message["content_encoding"]
         )
-        args, kwargs = body[0], body[1]
-    except Exception:  # not protocol 2: its entry stops counting within the hour
-        return
-    _ended(task, task_id, args, kwargs)
+        return task, body[0], body[1]
+    except Exception:  # not protocol 2
+        return None
+
+
+def left_parked(app: Any, task_id: str, message: Mapping[str, Any]) -> None:
+    """A parked task was dropped (revoked while parked): it leaves its backlog (an
+    entry whose arguments cannot be read stops counting within the hour). Never
+    raises."""
+    call = parked_call(app, message)
+    if call is not None and max_waiting_of(call[0]) is not None:
+        _ended(call[0], task_id, call[1], call[2])
 
 
 def _ended(task: Any, task_id: str | None, args: Any, kwargs: Any) -> None:

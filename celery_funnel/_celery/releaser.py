@@ -24,7 +24,7 @@ from .._gate.fair import Dispatcher
 from .._gate.publish import publish
 from .._stores.fair import FairStore
 from .._stores.park import ParkStore, Release
-from . import backlog
+from . import backlog, unique
 from .loop import Loop, LoopStep, log_failure
 
 __all__ = ["Releaser", "ReleaserStep", "park_store"]
@@ -77,6 +77,9 @@ class Releaser(Loop):
             self.revoked(release.task_id)
         logger.info("celery-funnel: parked task %s was revoked: dropped", release.task_id)
         backlog.left_parked(self.app, release.task_id, release.message)
+        call = backlog.parked_call(self.app, release.message)
+        if call is not None:  # a unique task frees its key
+            unique.free(call[0], release.task_id, call[1], call[2])
 
     def tick(self) -> float:
         """One pass; how long to pause before the next (seconds)."""

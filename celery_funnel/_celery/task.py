@@ -37,14 +37,14 @@ from .._gate.judge import (
     report_wait,
     requeued,
 )
-from .._gate.publish import republish
+from .._gate.publish import gate_publishes, republish
 from .._gate.state import HEADER
 from .._limiter.errors import BackendError, ConfigurationError
 from .._limiter.headers import Upstream, backoff_of, read_headers
 from .._limiter.keys import safe_part
 from .._limiter.limit import Limit, fixed
 from ..signals import task_settled
-from . import backlog
+from . import backlog, debounce, unique
 
 __all__ = ["HEADER", "FunnelTask", "limits_of"]
 
@@ -72,8 +72,13 @@ class FunnelTask(Task):  # type: ignore[misc]
     tenant -> weight, or a callable; default 1), the highest priority first;
     ``funnel_concurrency`` (at most this many running at once across the workers, per
     ``funnel_key`` when set; enforced by the worker gate with leases, see the README);
-    and ``funnel_max_waiting`` (``delay``/``apply_async`` raise ``TooManyWaitingError``
-    while this many tasks of the funnel, per ``funnel_key``, are sent and not started).
+    ``funnel_max_waiting`` (``delay``/``apply_async`` raise ``TooManyWaitingError``
+    while this many tasks of the funnel, per ``funnel_key``, are sent and not started);
+    ``funnel_unique=True`` (a send while a task of the same ``funnel_key`` waits or
+    runs returns that task's ``AsyncResult``; ``funnel_unique_ttl`` seconds bound a
+    dead holder) and ``funnel_debounce=seconds`` (sends of one ``funnel_key`` collapse
+    into one run with the last send's arguments, ``seconds`` after the last send, at
+    most ``funnel_debounce_max`` after the first); see docs/debounce.md.
 
     Subclasses that override ``before_start`` must call ``super().before_start``.
 
@@ -94,6 +99,10 @@ class FunnelTask(Task):  # type: ignore[misc]
     funnel_weights: ClassVar[Any] = None
     funnel_concurrency: ClassVar[int | None] = None  # at most this many at once (worker gate)
     funnel_max_waiting: ClassVar[int | None] = None  # sends refused while this many wait
+    funnel_unique: ClassVar[bool | None] = None  # one task per funnel_key waits or runs
+    funnel_unique_ttl: ClassVar[float | None] = None  # seconds a dead holder keeps its key
+    funnel_debounce: ClassVar[float | None] = None  # seconds without a send before it runs
+    funnel_debounce_max: ClassVar[float | None] = None  # seconds after the first send, at most
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -103,14 +112,24 @@ class FunnelTask(Task):  # type: ignore[misc]
         """Celery's ``apply_async``, after refusing argument values that would make an
         unstable funnel key (``ConfigurationError``, raised at the call) and, with
         ``funnel_max_waiting=N``, while N tasks of its funnel wait to start
-        (``TooManyWaitingError``: nothing is sent)."""
+        (``TooManyWaitingError``: nothing is sent). A unique task whose key is held
+        returns the holder's ``AsyncResult``; a debounced one stores its send and
+        returns its window's (nothing is published now)."""
+        if gate_publishes():  # the gate's own publish of a task sent already
+            return super().apply_async(args, kwargs, *more, **options)
         check_call(self, args, kwargs)
-        backlog.enter(self, args, kwargs, options)
+        waiting = debounce.send(self, args, kwargs, options)
+        if waiting is None:
+            waiting = unique.claim(self, args, kwargs, options)
+        if waiting is not None:
+            return waiting
         try:
+            backlog.enter(self, args, kwargs, options)
             return super().apply_async(args, kwargs, *more, **options)
         except BaseException:
             if options.get("task_id") is not None:  # not sent: it does not wait
                 backlog.leave(self, options["task_id"], args, kwargs)
+                unique.free(self, options["task_id"], args, kwargs)
             raise
 
     def before_start(self, task_id: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:

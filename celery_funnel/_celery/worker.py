@@ -9,13 +9,15 @@ from typing import Any
 
 from celery import bootsteps
 
-from .._config.options import concurrency_of
+from .._config.options import concurrency_of, debounce_of, option_of, unique_of
 from .._config.runtime import runtime_for
 from .._gate.gate import WorkerGate
 from .._limiter.errors import ConfigurationError
+from .._stores.persistence import aof_everywhere
 from .checks import check_app, refuse_start
 from .received import ReceivedOnce
 from .task import FunnelTask, limits_of
+from .unique import Front
 
 __all__ = ["FunnelGate", "WorkerGate"]
 
@@ -44,6 +46,8 @@ class FunnelGate(bootsteps.StartStopStep):  # type: ignore[misc]
         gate = consumer.on_task_request
         if isinstance(gate, WorkerGate):
             gate.close()
+            if isinstance(gate.handle, Front):
+                gate.handle.close()
         runtime_for(consumer.app).close()
 
     def stop(self, consumer: Any) -> None:
@@ -84,13 +88,66 @@ class FunnelGate(bootsteps.StartStopStep):  # type: ignore[misc]
             settings.require_redis()
         if settings.limits or settings.concurrency or _funnel_tasks(consumer.app):
             gate = WorkerGate(runtime, consumer, consumer.on_task_request, _is_funnel_task)
+            if _uses(consumer.app, "funnel_unique"):  # others pay nothing for it
+                gate.handle = Front(runtime, consumer.app, gate.handle, gate.events)
             gate.parking.start()  # funnel_park=True on a Redis without AOF stops here
+            _check_debounce(runtime, consumer.app)
             consumer.on_task_request = gate
 
 
 def _funnel_tasks(app: Any) -> bool:
-    """Whether ``app`` has a FunnelTask with a funnel (the gate decides its runs)."""
+    """Whether ``app`` has a FunnelTask with a funnel (the gate decides its runs), or a
+    unique or debounced one (the gate takes their keys, accepts their releases)."""
     return any(
-        isinstance(t, FunnelTask) and (limits_of(t) or concurrency_of(t) is not None)
+        isinstance(t, FunnelTask)
+        and (
+            limits_of(t)
+            or concurrency_of(t) is not None
+            or unique_of(t) is not None
+            or debounce_of(t) is not None
+        )
         for t in list(app.tasks.values())
     )
+
+
+def _uses(app: Any, option: str) -> bool:
+    """Whether a FunnelTask of ``app`` sets ``option``."""
+    return any(
+        isinstance(t, FunnelTask) and option_of(t, option) is not None
+        for t in list(app.tasks.values())
+    )
+
+
+def _aof(runtime: Any) -> bool:
+    """Whether the funnels' Redis has AOF on; True when it cannot say now (down at
+    worker start: parking's own check logs it, and waits for it)."""
+    try:
+        return aof_everywhere(runtime.funnel.client)
+    except Exception as error:
+        logger.warning("celery-funnel: cannot read the funnels' Redis persistence (%r):"
+                       " debounced sends need an append-only file there", error)  # fmt: skip
+        return True
+
+
+def _check_debounce(runtime: Any, app: Any) -> None:
+    """Debounced sends wait only in the funnels' Redis: refuse to start where they would
+    not be released (``funnel_park=False``: no releaser) or could be lost (no AOF).
+
+    Raises:
+        ConfigurationError: naming the task, its ``funnel_debounce`` and the reason.
+    """
+    for task in list(app.tasks.values()):
+        spec = debounce_of(task) if isinstance(task, FunnelTask) else None
+        if spec is None:
+            continue
+        where = f"task {task.name!r}: funnel_debounce={spec.seconds:g}"
+        if not runtime.settings.park:
+            raise ConfigurationError(
+                f"{where} needs funnel_park (the workers' releasers publish debounced runs);"
+                f" funnel_park=False"
+            )
+        if not _aof(runtime):
+            raise ConfigurationError(
+                f"{where} keeps each key's last send in the funnels' Redis, which has no"
+                f" append-only file (a restart would lose them): turn on 'appendonly yes'"
+            )

@@ -21,7 +21,17 @@ from .._limiter.errors import ConfigurationError
 from .._limiter.keys import FunnelKey
 from .._ops.configured import concurrency_in_force, idle_rows, in_force
 from .._ops.control import Override, families, overrides, owner
-from .._ops.view import Failure, Found, at, describe, fair_lines, find, limit_of, resolve
+from .._ops.view import (
+    Failure,
+    Found,
+    at,
+    describe,
+    fair_lines,
+    find,
+    limit_of,
+    resolve,
+    unique_rows,
+)
 from .._stores.check import acl_line, check
 from .._stores.park import ParkStore
 from .control import dashboard, override_lines, pause, resume, set_command, unset
@@ -99,7 +109,13 @@ def status(ctx: click.Context, as_json: bool) -> None:
         name = owner(ctx.obj.app, FunnelKey(row["key"], row["name"]), known)
         rows.append(_lease_row(row, entries.get(name or "")))
     rows += idle_rows(runtime, found, entries)
-    _echo_rows(ctx, rows, as_json)
+    held = unique_rows(backend.client, found)
+    _echo_rows(ctx, rows + held if as_json else rows, as_json)
+    for row in [] if as_json else held:
+        ctx.obj.echo(
+            f"unique: {row['key']} held by task {row.get('held_by')} (its claim ends in"
+            f" {row.get('expires_in')} s unless renewed){row.get('error', '')}"
+        )
     if found.parked and not as_json:
         summary = parked_summary(store)
         for label, count in sorted(summary["parked"].items()):

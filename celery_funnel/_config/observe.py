@@ -19,13 +19,16 @@ from typing import Any
 
 from .. import signals
 
-__all__ = ["EVENT", "Observer"]
+__all__ = ["DROPPED", "EVENT", "Observer"]
 
 logger = logging.getLogger("celery_funnel")
 
 EVENT = "funnel-deferred"
 # how a deferred task waits: in the worker, parked in the funnels' Redis, in the broker
 HOW = ("held", "parked", "republished")
+# a unique task dropped: its key held by another task (funnel_unique); not a "task-*"
+# event, which Celery's State would read as a state of the task
+DROPPED = "funnel-dropped"
 
 SendEvent = Callable[..., Any]
 
@@ -81,6 +84,36 @@ class Observer:
         )  # fmt: skip
         if send_event is not None and not dry_run:
             send_event(EVENT, name=name, funnel=funnel, delay=delay, **info)
+
+    def collapsed(self, name: str, task_id: str, funnel: str, kind: str) -> None:
+        """A send of task ``name`` published nothing of its own: it joined task
+        ``task_id`` (``kind``: ``"unique"`` or ``"debounce"``)."""
+        if signals.task_collapsed.receivers:
+            signals.task_collapsed.send(sender=name, task_id=task_id, funnel=funnel, kind=kind)
+        logger.debug(
+            "celery-funnel: a send of %s joined task %s (%s, key %s)", name, task_id, kind, funnel,
+            extra={"celery_funnel": {
+                "event": "collapsed", "task": name, "task_id": task_id, "funnel": funnel,
+                "kind": kind,
+            }},
+        )  # fmt: skip
+
+    def dropped(
+        self, name: str, task_id: str, funnel: str, holder: str, send_event: SendEvent | None
+    ) -> None:
+        """A worker dropped unique task ``task_id``: task ``holder`` holds its key.
+        ``send_event(type, **fields)`` sends the Celery event (None: events are off)."""
+        signals.task_dropped.send(sender=name, task_id=task_id, funnel=funnel, holder=holder)
+        logger.info(
+            "celery-funnel: dropped task %s[%s]: task %s holds its unique key %s (marked"
+            " REVOKED, not run)", name, task_id, holder, funnel,
+            extra={"celery_funnel": {
+                "event": "dropped", "task": name, "task_id": task_id, "funnel": funnel,
+                "holder": holder,
+            }},
+        )  # fmt: skip
+        if send_event is not None:
+            send_event(DROPPED, name=name, funnel=funnel, holder=holder)
 
     def quiet_ignored(self, task_id: str) -> None:
         """Keep Celery's "Task ... ignored" INFO line for ``task_id`` out of the log: the

@@ -14,6 +14,7 @@ from .._limiter.concurrency import check_concurrency
 from .._limiter.errors import ConfigurationError
 from .._limiter.limit import Limit, parse_limit, unique_names
 from .._limiter.values import check_fields, did_you_mean, to_bool
+from .dedupe import Debounce, Unique, check_dedupe
 from .outage import check_policy
 
 OPTIONS = (
@@ -29,6 +30,10 @@ OPTIONS = (
     "funnel_weights",
     "funnel_concurrency",
     "funnel_max_waiting",
+    "funnel_unique",
+    "funnel_unique_ttl",
+    "funnel_debounce",
+    "funnel_debounce_max",
 )
 # funnel_<field> options
 _FIELDS = ("rate", "capacity", "strategy", "key", "cost", "fair_by", "weights")
@@ -152,6 +157,42 @@ def max_waiting_of(task: Any) -> int | None:
     return _checked(task, "funnel_max_waiting", check_max_waiting)
 
 
+def _dedupe_of(task: Any) -> tuple[Unique | None, Debounce | None]:
+    """The task's unique and debounce options, read once (on every send)."""
+
+    def read() -> tuple[Unique | None, Debounce | None]:
+        return check_dedupe(f"task {task_name(task)!r}", partial(option_of, task))
+
+    found: tuple[Unique | None, Debounce | None] = _read_once(task, "funnel_dedupe", read)
+    return found
+
+
+def unique_of(task: Any) -> Unique | None:
+    """The task's ``funnel_unique`` (None when off).
+
+    Raises:
+        ConfigurationError: naming the task, the option and the value.
+    """
+    return _dedupe_of(task)[0]
+
+
+def debounce_of(task: Any) -> Debounce | None:
+    """The task's ``funnel_debounce`` (None when off).
+
+    Raises:
+        ConfigurationError: naming the task, the option and the value.
+    """
+    return _dedupe_of(task)[1]
+
+
+def _keyed(get: Getter) -> bool:
+    """Whether an option other than a rate splits by ``funnel_key``."""
+    return any(
+        get(name) is not None
+        for name in ("funnel_concurrency", "funnel_max_waiting", "funnel_unique", "funnel_debounce")
+    )
+
+
 def check_max_waiting(where: str, value: Any) -> int:
     """A ``funnel_max_waiting`` value: a whole number from 1."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -213,7 +254,7 @@ def check_keys(where: str, get: Getter, params: list[str] | None) -> None:
     keys: list[tuple[str, Any]] = []
     if get("funnel_rate") is not None:
         keys = [("funnel_key", get("funnel_key")), ("funnel_fair_by", get("funnel_fair_by"))]
-    elif get("funnel_concurrency") is not None or get("funnel_max_waiting") is not None:
+    elif _keyed(get):
         keys = [("funnel_key", get("funnel_key"))]
     for i, spec in enumerate(get("funnel_limits") or ()):
         if isinstance(spec, Mapping):
@@ -235,6 +276,7 @@ def check_options(where: str, get: Getter, params: list[str] | None) -> None:
         check_concurrency(f"{where}: funnel_concurrency", get("funnel_concurrency"))
     if get("funnel_max_waiting") is not None:
         check_max_waiting(f"{where}: funnel_max_waiting", get("funnel_max_waiting"))
+    check_dedupe(where, get)
     check_keys(where, get, params)
     if get("funnel_dry_run") is not None:
         to_bool(f"{where}: funnel_dry_run", get("funnel_dry_run"))
@@ -252,10 +294,8 @@ def check_orphans(where: str, get: Getter) -> None:
     if get("funnel_rate") is not None:
         return
     for field, default in _DEFAULTS.items():
-        if field == "key" and (
-            get("funnel_concurrency") is not None or get("funnel_max_waiting") is not None
-        ):
-            continue  # it splits the concurrency limit, or the backlog
+        if field == "key" and _keyed(get):
+            continue  # it splits the concurrency limit, the backlog, unique or debounce
         value = get(f"funnel_{field}")
         if value is not None and value != default:
             raise ConfigurationError(

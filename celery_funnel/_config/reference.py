@@ -35,7 +35,7 @@ OPTION_HELP: dict[str, tuple[str, str]] = {
         "one funnel per task",
         'a format string over the task\'s arguments (`"{customer_id}"`, defaults applied) or'
         " a callable taking `*args, **kwargs`: one funnel per value (it also splits"
-        " `funnel_concurrency` and `funnel_max_waiting`)",
+        " `funnel_concurrency`, `funnel_max_waiting`, `funnel_unique` and `funnel_debounce`)",
     ),
     "funnel_cost": (
         "1",
@@ -78,6 +78,29 @@ OPTION_HELP: dict[str, tuple[str, str]] = {
         " when it starts, is revoked or expires, or fails before starting; an entry never"
         " seen to leave stops counting after an hour, and `celery funnel reset NAME`"
         " forgets the count with the funnel",
+    ),
+    "funnel_unique": (
+        "off",
+        "`True`: while a task of the same `funnel_key` (required) waits or runs, a send"
+        " publishes nothing and returns that task's `AsyncResult`; a duplicate sent past"
+        " the task (`send_task`) is dropped by the worker, marked REVOKED"
+        " (docs/debounce.md)",
+    ),
+    "funnel_unique_ttl": (
+        "600",
+        "seconds (from 3) a unique key lasts past its send or arrival; the worker running"
+        " the task renews it every second, so a dead worker's key is free within it",
+    ),
+    "funnel_debounce": (
+        "off",
+        "seconds: sends of one `funnel_key` (required) collapse into one run, with the last"
+        " send's arguments, when no send came for this long; every send gets the run's id;"
+        " needs AOF on the funnels' Redis and `funnel_park` (docs/debounce.md)",
+    ),
+    "funnel_debounce_max": (
+        "none: no bound",
+        "seconds: a debounced key runs at most this long after its window's first send"
+        " (not less than `funnel_debounce`)",
     ),
 }
 

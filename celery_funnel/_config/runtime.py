@@ -15,7 +15,9 @@ from .._limiter.errors import ConfigurationError
 from .._limiter.keys import limit_key, task_key
 from .._stores.backlog import Backlog
 from .._stores.check import Finding, check, report
+from .._stores.debounce import DebounceStore
 from .._stores.persistence import Persistence
+from .._stores.unique import UniqueStore
 from .countdown import CountdownPolicy, policy_for
 from .observe import Observer
 from .outage import OutageLog
@@ -92,6 +94,16 @@ class Runtime:
         return Backlog(self.funnel.client)  # type: ignore[attr-defined]
 
     @cached_property
+    def unique(self) -> UniqueStore:
+        """The keys of unique tasks (``funnel_unique``)."""
+        return UniqueStore(self.funnel.client)  # type: ignore[attr-defined]
+
+    @cached_property
+    def debounce(self) -> DebounceStore:
+        """The windows of debounced tasks (``funnel_debounce``)."""
+        return DebounceStore(self.funnel.client, self.settings.key_prefix)  # type: ignore[attr-defined]
+
+    @cached_property
     def countdowns(self) -> CountdownPolicy:
         return policy_for(self.app.conf, self.settings.max_countdown)
 
@@ -110,7 +122,8 @@ class Runtime:
 
     def close(self) -> None:
         """Close the funnel's Redis connections, if any were made (reopened on use)."""
-        self.__dict__.pop("backlog", None)  # on the client closed here
+        for store in ("backlog", "unique", "debounce"):  # on the client closed here
+            self.__dict__.pop(store, None)
         funnel = self.__dict__.pop("funnel", None)
         if funnel is not None:
             funnel.client.close()

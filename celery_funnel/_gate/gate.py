@@ -71,7 +71,7 @@ class WorkerGate:
         self.parking = Parking(runtime)
         self.live = live_for(consumer.app)
         self.held = Held(runtime, consumer, self._pass)
-        self.waits = Waits(runtime, self.parking, self.held, self._events)
+        self.waits = Waits(runtime, self.parking, self.held, self.events)
         self.slots = Slots(
             runtime, self.slot_funnels, self.parking, self.waits, self._admit, self._fail
         )
@@ -194,7 +194,7 @@ class WorkerGate:
         self.held.backend_of(request)
         fail_request(request, error)
 
-    def _events(self, request: Any) -> Callable[..., Any] | None:
+    def events(self, request: Any) -> Callable[..., Any] | None:
         """The sender of ``request``'s Celery events (None: events are off)."""
         dispatcher = getattr(self.consumer, "event_dispatcher", None)
         if dispatcher is None or not dispatcher.enabled:

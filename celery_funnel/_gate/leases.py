@@ -32,7 +32,7 @@ from .._stores.park import ParkStore, Release
 from .publish import publish
 from .state import HEADER
 
-__all__ = ["Leases", "connect", "leases_for"]
+__all__ = ["Leases", "alive", "connect", "leases_for"]
 
 logger = logging.getLogger("celery_funnel")
 ATTRIBUTE = "_celery_funnel_leases"
@@ -81,7 +81,7 @@ class Leases:
         case). Never raises."""
         with self._lock:
             held = self._held.get(task_id)
-            if held is not None and (lease or force or not _alive(held[1])):
+            if held is not None and (lease or force or not alive(held[1])):
                 del self._held[task_id]
             elif lease is None:
                 return
@@ -124,7 +124,7 @@ class Leases:
             held = list(self._held.values())
             funnels = list(self._funnels.values())
         for lease, request in held:
-            if not _alive(request):
+            if not alive(request):
                 self.end(lease.task_id)  # an ending no signal reported
         with self._lock:
             tokens = {task_id: lease.token for task_id, (lease, _) in self._held.items()}
@@ -178,7 +178,7 @@ class Leases:
             self.end(task_id, force=True)
 
 
-def _alive(request: Callable[[], Any]) -> bool:
+def alive(request: Callable[[], Any]) -> bool:
     """Whether the worker still has the request (reserved or running): by the request
     itself, not its id, which another copy of the task shares."""
     found = request()

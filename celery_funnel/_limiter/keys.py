@@ -51,6 +51,7 @@ __all__ = [
     "DEFAULT_PREFIX",
     "FunnelKey",
     "companion_key",
+    "debounce_key",
     "fair_keys",
     "fair_registry_key",
     "funnel_key",
@@ -68,6 +69,7 @@ __all__ = [
     "scan_pattern",
     "task_key",
     "tickets_key",
+    "unique_key",
 ]
 
 DEFAULT_PREFIX = "funnel:"  # funnel_key_prefix's default
@@ -80,6 +82,8 @@ TICKETS = "tickets"
 RANKS = "ranks"
 LEASE_PARTS = ("leases", "lease-info", "waiters")
 BACKLOG = "backlog"  # the tasks sent and not yet started (funnel_max_waiting)
+UNIQUE = "unique"  # the task id holding a unique task's key (funnel_unique)
+DEBOUNCE = "debounce"  # beside the parked tasks: a debounced key's window
 LIMIT_NAME = "limit"
 _HASHED = re.compile("~[0-9a-f]{24}")
 _GLOB = re.compile(r"([*?\[\]\\])")
@@ -143,6 +147,21 @@ def backlog_key(key: str) -> str:
     """The sorted set of the tasks of funnel ``key`` sent and not yet started (task id
     -> when it stops counting, µs): ``funnel_max_waiting``."""
     return companion_key(key, BACKLOG)
+
+
+def unique_key(key: str) -> str:
+    """The string holding the id of the task that holds unique funnel ``key``
+    (``funnel_unique``), expiring with its lease."""
+    return companion_key(key, UNIQUE)
+
+
+def debounce_key(prefix: str, task_name: str, key_part: str = "") -> str:
+    """The window of a debounced task's key ("<task id> <first send µs>"), beside the
+    parked tasks (one script updates both):
+    ``<prefix>{~parked}#debounce:<task>[:<key part>]``."""
+    name = _safe_name(task_name)
+    name = f"{name}:{key_part}" if key_part else name
+    return f"{prefix}{{{PARKED_TAG}}}{COMPANION_MARK}{DEBOUNCE}:{name}"
 
 
 def lease_keys(key: str) -> list[str]:
@@ -280,8 +299,9 @@ class FunnelKey:
         return not self.rest and self.in_family(f"{LIMIT_NAME}:{_safe_name(pattern or '*')}")
 
 
-# the companions a funnel key may carry: tickets, leases, fair-share queues, the backlog
-_COMPANIONS = "|".join((TICKETS, *LEASE_PARTS, BACKLOG, "fair(?:-[a-z0-9]+)?"))
+# the companions a funnel key may carry: tickets, leases, fair-share queues, the
+# backlog, a unique key
+_COMPANIONS = "|".join((TICKETS, *LEASE_PARTS, BACKLOG, UNIQUE, "fair(?:-[a-z0-9]+)?"))
 
 
 @lru_cache(maxsize=64)

@@ -26,8 +26,12 @@ from .._limiter.keys import (
 )
 from .._limiter.limit import Limit
 from .._stores.fair import fair_status
+from .._stores.unique import UniqueStore
 
-__all__ = ["Found", "at", "describe", "fair_lines", "find", "lease_funnels", "limit_of", "resolve"]
+__all__ = [
+    "Found", "at", "describe", "fair_lines", "find", "lease_funnels", "limit_of", "resolve",
+    "unique_rows",
+]  # fmt: skip
 
 Failure = (BackendError, BackendConfigurationError, RedisError)
 
@@ -151,3 +155,21 @@ def lease_funnels(found: Found) -> list[FunnelKey]:
     """The concurrency funnels among the keys found (those with leases or waiters)."""
     seen = {k.funnel: k for k in found.keys if k.companion in ("leases", "waiters")}
     return [FunnelKey(funnel, k.name, k.rest) for funnel, k in sorted(seen.items())]
+
+
+def unique_rows(client: Any, found: Found) -> list[dict[str, Any]]:
+    """One row per unique key held (``funnel_unique``): the task holding it, and the
+    seconds its claim has left unless renewed."""
+    store, rows = UniqueStore(client), []
+    for key in sorted((k for k in found.keys if k.companion == "unique"), key=lambda k: k.key):
+        row: dict[str, Any] = {"key": key.funnel, "name": key.name, "kind": "unique"}
+        try:
+            held = store.holder(key.funnel)
+        except BackendError as exc:
+            row["error"] = str(exc)
+        else:
+            if held is None:
+                continue  # freed since the scan
+            row["held_by"], row["expires_in"] = held
+        rows.append(row)
+    return rows

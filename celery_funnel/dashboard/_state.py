@@ -1,6 +1,6 @@
 """What the dashboard shows, read from the funnels' Redis: every funnel of the app with
-its limits, override, level, parked and waiting tasks, and the per-second series the
-workers' live threads write (``_live``)."""
+its limits, override, level, parked and waiting tasks, the keys of unique and debounced
+tasks, and the per-second series the workers' live threads write (``_live``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .._celery.debounce import label_of
+from .._celery.task import FunnelTask
+from .._config.options import debounce_of, unique_of
 from .._config.runtime import runtime_for
 from .._gate.live import SERIES_KEEP_SECONDS, series_key
+from .._limiter.errors import ConfigurationError
 from .._limiter.keys import FunnelKey, live_key
 from .._ops import control
 from .._ops.view import Failure, Found, describe, find, lease_funnels, limit_of
@@ -82,6 +86,26 @@ def _level(app: Any, keys: list[FunnelKey]) -> dict[str, Any]:
     return best
 
 
+def _dedupe(app: Any, found: Found, parked: dict[str, int]) -> list[dict[str, Any]]:
+    """Per unique task, the keys held; per debounced task, the keys whose run waits."""
+    rows = []
+    held = [k for k in found.keys if k.companion == "unique"]
+    tasks = list(app.tasks.values())  # a copy: the registry may change meanwhile
+    for task in sorted(tasks, key=lambda t: str(t.name)):
+        try:
+            unique = unique_of(task) if isinstance(task, FunnelTask) else None
+            debounce = debounce_of(task) if isinstance(task, FunnelTask) else None
+        except ConfigurationError:  # the worker refuses to start, naming it
+            continue
+        if unique is not None:
+            count = sum(k.of_task(task.name) for k in held)
+            rows.append({"task": task.name, "kind": "unique", "keys": count})
+        elif debounce is not None:
+            count = parked.get(label_of(task.name), 0)
+            rows.append({"task": task.name, "kind": "debounce", "keys": count})
+    return rows
+
+
 def funnel_state(app: Any, hook: ConcurrencyHook = no_concurrency) -> dict[str, Any]:
     """Every funnel of ``app``, as the dashboard's table shows it.
 
@@ -119,7 +143,7 @@ def funnel_state(app: Any, hook: ConcurrencyHook = no_concurrency) -> dict[str, 
             "held": _of(name, waiting),
             "running": running.get(name) if hook is no_concurrency else hook(app, name),
         })  # fmt: skip
-    return {"now": now, "funnels": rows}
+    return {"now": now, "funnels": rows, "dedupe": _dedupe(app, found, parked)}
 
 
 def series(app: Any, since: float | None = None) -> dict[str, Any]:

@@ -5,17 +5,25 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from celery import Celery
 from celery.result import _set_task_join_will_block
 from kombu.asynchronous import set_event_loop
+from kombu.entity import Queue
 from prometheus_client import CollectorRegistry
 
 from celery_funnel import prometheus, signals
+from celery_funnel.testing import CeleryWorkers, RedisServer
 from tests.conftest import SERVERS, ServerPool
+from tests.integration.proj import close_app, make_app
+
+ROOT = str(Path(__file__).resolve().parents[2])
 
 
 class Recorder:
@@ -27,6 +35,8 @@ class Recorder:
         "task_refused",
         "backend_error",
         "backend_recovered",
+        "task_collapsed",
+        "task_dropped",
     )
 
     def __init__(self) -> None:
@@ -80,6 +90,13 @@ def standalone_url(server_pool: ServerPool) -> str:
     return url
 
 
+@pytest.fixture
+def broker() -> Iterator[RedisServer]:
+    """A broker of the test's own (a private redis-server, stopped after the test)."""
+    with RedisServer() as server:
+        yield server
+
+
 @pytest.fixture(autouse=True)
 def _fresh_worker_state() -> Iterator[None]:
     """An in-process worker leaves kombu's event loop (whose timer no longer runs) and
@@ -108,3 +125,30 @@ def amqp_url() -> str:
             pytest.fail("RabbitMQ is not listening on 127.0.0.1:5672 and CI is set")
         pytest.skip("RabbitMQ is not listening on 127.0.0.1:5672")
     return AMQP
+
+
+@pytest.fixture(params=["redis", "rabbitmq"])
+def on_broker(
+    request: pytest.FixtureRequest, broker: RedisServer, standalone_url: str
+) -> Iterator[Celery]:
+    """An app of the test project and two of its workers, started, on a queue of their
+    own, on a Redis broker (``broker``) or on RabbitMQ (skipped where it is not running,
+    unless CI is set); the queue is deleted after."""
+    url = broker.url if request.param == "redis" else request.getfixturevalue("amqp_url")
+    queue = f"proj-{time.time_ns()}"
+    env = {
+        "FUNNEL_TEST_BROKER": url, "FUNNEL_TEST_REDIS": standalone_url, "FUNNEL_TEST_QUEUE": queue,
+    }  # fmt: skip
+    app = make_app(url, standalone_url, queue=queue)
+    try:
+        with CeleryWorkers(
+            "tests.integration.proj", 2, env, "-c", "2", "-Q", queue, cwd=ROOT,
+            prefix=f"{queue}-w",
+        ) as started:  # fmt: skip
+            started.wait_ready()
+            yield app
+    finally:
+        if request.param == "rabbitmq":
+            with app.connection_for_write() as connection:
+                Queue(queue, channel=connection.channel()).delete()
+        close_app(app)

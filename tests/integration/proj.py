@@ -178,6 +178,26 @@ def make_app(
     def bounded(self: Any, n: int = 0) -> None:
         record(self, n)
 
+    # unique per key (no rate): a run may take `seconds`
+    unique_ttl = float(os.environ.get("FUNNEL_TEST_UNIQUE_TTL", "600"))
+
+    @task("proj.unique", bind=True, base=FunnelTask, funnel_unique=True, funnel_key="{key}",
+          funnel_unique_ttl=unique_ttl)  # fmt: skip
+    def unique(self: Any, key: str, n: int = 0, seconds: float = 0.0) -> int:
+        record(self, key, n)
+        time.sleep(seconds)
+        return n
+
+    # unique per key under a rate over all keys and one run at a time
+    @task("proj.unique_limited", bind=True, base=FunnelTask, funnel_unique=True,
+          funnel_key="{key}", funnel_limits=[{"rate": "2/s"}], funnel_concurrency=1)  # fmt: skip
+    def unique_limited(self: Any, key: str, n: int = 0) -> int:
+        record(self, key, n)
+        return n
+
+    if os.environ.get("FUNNEL_TEST_DEBOUNCE") == "1":  # they need AOF and parking
+        debounced_tasks(task, record)
+
     @funnel_task("proj.steady", funnel_rate=steady_rate, ignore_result=True)
     def steady(self: Any, n: int = 0) -> None:
         record(self, n)
@@ -192,6 +212,31 @@ def make_app(
         store.incr("soak:done")
 
     return app
+
+
+def debounced_tasks(task: Any, record: Any) -> None:
+    """Debounced tasks: their workers refuse to start where the funnels' Redis has no
+    append-only file, or with funnel_park=False."""
+
+    # debounced per key (no rate), and debounced under a rate and a concurrency limit
+    @task("proj.debounced", bind=True, base=FunnelTask, funnel_debounce=1.0, funnel_key="{key}")
+    def debounced(self: Any, key: str, n: int = 0) -> int:
+        record(self, key, n)
+        return n
+
+    @task("proj.debounced_limited", bind=True, base=FunnelTask, funnel_debounce=0.5,
+          funnel_debounce_max=2.0, funnel_key="{key}", funnel_rate="2/s",
+          funnel_concurrency=1)  # fmt: skip
+    def debounced_limited(self: Any, key: str, n: int = 0) -> int:
+        record(self, key, n)
+        return n
+
+    # debounced, then one run every 3 s over all keys: a released run may be parked again
+    @task("proj.debounced_slow", bind=True, base=FunnelTask, funnel_debounce=0.2,
+          funnel_key="{key}", funnel_limits=[{"rate": "1/3s"}])  # fmt: skip
+    def debounced_slow(self: Any, key: str, n: int = 0) -> int:
+        record(self, key, n)
+        return n
 
 
 def close_app(app: Celery) -> None:

@@ -123,6 +123,18 @@ function showState(state) {
   }
 }
 
+function showDedupe(rows) {
+  const table = document.getElementById("dedupe");
+  table.hidden = !rows || rows.length === 0;
+  const body = table.querySelector("tbody");
+  body.textContent = "";
+  for (const r of rows || []) {
+    const tr = document.createElement("tr");
+    for (const value of [r.task, r.kind, r.keys]) cell(tr).textContent = value;
+    body.appendChild(tr);
+  }
+}
+
 function chart(name) {
   if (charts[name]) return charts[name];
   const box = document.createElement("div");
@@ -178,6 +190,7 @@ async function refresh() {
     for (const f of state.funnels) if (!counts[f.name]) counts[f.name] = new Map();
     since = data.end - 1;
     showState(state);
+    showDedupe(state.dedupe);
     showSeries();
     window.cfDashboard.updates += 1;
     if (!document.getElementById("status").classList.contains("error")) {
