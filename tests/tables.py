@@ -264,3 +264,38 @@ ALIGN: list[Row] = [
     (10, "align", _align(50, 1.0, True), (0.0,)),  # more than we hold: nothing to do
 ]
 TABLES["align"] = ALIGN
+
+
+# adapt: a limit of 10/s (T = 0.1 s), min 1/s, a 429 halves the rate, a success adds
+# 2/s, one change per second, a 429's rate caps the climb for 10 s. An adapt row's
+# answer is (seconds per unit in force, whether the call changed it); worked out from
+# rate = 1 / T: 1/0.4 + 2 = 4.5/s, capped at 1/0.2 - 2 = 3/s (T 0.333333), and so on.
+def _adapt(refused: bool) -> dict[str, Any]:
+    from celery_funnel._limiter.rate import Rate
+    from celery_funnel._limiter.strategies.adapt import Adaptive
+
+    rule = Adaptive(Rate(1, 1), 0.5, Rate(2, 1), every=1.0, probe=10.0)
+    return {"field": "f", "refused": refused, "adaptive": rule, "rate": Rate(10, 1)}
+
+
+ADAPT: list[Row] = [
+    (0, "adapt", _adapt(False), (0.1, False)),  # at its max: nothing to climb
+    (0, "adapt", _adapt(True), (0.2, True)),  # halved: 5/s
+    (0.5, "adapt", _adapt(True), (0.2, False)),  # the same burst of 429s: once
+    (0.9, "adapt", _adapt(False), (0.2, False)),  # within a second of the change
+    (1, "adapt", _adapt(True), (0.4, True)),  # 2.5/s; the climb stops below 5/s
+    (2, "adapt", _adapt(False), (0.333333, True)),  # 4.5/s capped at 5 - 2 = 3/s
+    (2.5, "adapt", _adapt(False), (0.333333, False)),
+    (3, "adapt", _adapt(False), (0.333333, False)),  # capped: stays under the 429's rate
+    (11, "adapt", _adapt(False), (0.199999, True)),  # the cap is forgotten after 10 s
+    (12, "adapt", _adapt(False), (0.142856, True)),
+    (13, "adapt", _adapt(False), (0.11111, True)),
+    (14, "adapt", _adapt(False), (0.1, True)),  # back at its max (the field is gone)
+    (15, "adapt", _adapt(False), (0.1, False)),
+    (15, "adapt", _adapt(True), (0.2, True)),
+    (16, "adapt", _adapt(True), (0.4, True)),
+    (17, "adapt", _adapt(True), (0.8, True)),
+    (18, "adapt", _adapt(True), (1.0, True)),  # never below min
+    (19, "adapt", _adapt(True), (1.0, False)),
+]
+TABLES["adapt"] = ADAPT
