@@ -64,7 +64,7 @@ def _seconds(where: str, name: str, value: Any, default: float) -> float:
         or not 0 < value <= MAX_SECONDS
     ):
         raise ConfigurationError(
-            f"{where}: 'adaptive' {name} must be seconds above 0 and at most a day, got {value!r}"
+            f"{where} {name} must be seconds above 0 and at most a day, got {value!r}"
         )
     return float(value)
 
@@ -73,13 +73,13 @@ def _rate(where: str, name: str, value: Any) -> Rate:
     try:
         return Rate.parse(value)
     except ConfigurationError as exc:
-        raise ConfigurationError(f"{where}: 'adaptive' {name}: {exc}") from None
+        raise ConfigurationError(f"{where} {name}: {exc}") from None
 
 
 def parse_adaptive(spec: Any, rate: Rate, strategy: str, where: str) -> Adaptive | None:
     """A limit's ``"adaptive"`` entry: None, or ``{"min": "1/s", "decrease": 0.5,
     "increase": "1/s", "every": 1.0, "probe": 60.0}`` (only ``min`` is required);
-    ``rate`` is the limit's (the max).
+    ``rate`` is the limit's (the max); ``where`` names the setting in messages.
 
     Raises:
         ConfigurationError: naming ``where``, the entry and the value.
@@ -88,28 +88,27 @@ def parse_adaptive(spec: Any, rate: Rate, strategy: str, where: str) -> Adaptive
         return None
     if not isinstance(spec, Mapping) or "min" not in spec:
         raise ConfigurationError(
-            f"{where}: 'adaptive' must be a dict with at least 'min' (a rate), got {spec!r}"
+            f"{where} must be a dict with at least 'min' (a rate), got {spec!r}"
         )
     for name in spec:
         if name not in OPTIONS:
             raise ConfigurationError(
-                f"{where}: 'adaptive' has unknown option {name!r}"
+                f"{where} has unknown option {name!r}"
                 f"{did_you_mean(str(name), OPTIONS)}; it takes {list(OPTIONS)}"
             )
     if strategy != "gcra":
-        raise ConfigurationError(f"{where}: 'adaptive' needs the 'gcra' strategy, got {strategy!r}")
+        raise ConfigurationError(f"{where} needs the 'gcra' strategy, got {strategy!r}")
     low = _rate(where, "min", spec["min"])
     if low.count * rate.period > rate.count * low.period:
         raise ConfigurationError(
-            f"{where}: 'adaptive' min {str(low)!r} is above the limit's rate {str(rate)!r}"
+            f"{where} min {str(low)!r} is above the limit's rate {str(rate)!r}"
         )
     decrease = spec.get("decrease", 0.5)
     if isinstance(decrease, bool) or not isinstance(decrease, (int, float)):
         decrease = -1.0
     if not 0.01 <= decrease <= 0.99:
         raise ConfigurationError(
-            f"{where}: 'adaptive' decrease must be a factor from 0.01 to 0.99,"
-            f" got {spec.get('decrease')!r}"
+            f"{where} decrease must be a factor from 0.01 to 0.99, got {spec.get('decrease')!r}"
         )
     increase = spec.get("increase")
     return Adaptive(
