@@ -267,7 +267,8 @@ TABLES["align"] = ALIGN
 
 
 # adapt: a limit of 10/s (T = 0.1 s), min 1/s, a 429 halves the rate, a success adds
-# 2/s, one change per second, a 429's rate caps the climb for 10 s. An adapt row's
+# 2/s, one drop per second and a climb a second after a change, a 429's rate caps the
+# climb for 10 s. An adapt row's
 # answer is (seconds per unit in force, whether the call changed it); worked out from
 # rate = 1 / T: 1/0.4 + 2 = 4.5/s, capped at 1/0.2 - 2 = 3/s (T 0.333333), and so on.
 def _adapt(refused: bool) -> dict[str, Any]:
@@ -285,17 +286,19 @@ ADAPT: list[Row] = [
     (0.9, "adapt", _adapt(False), (0.2, False)),  # within a second of the change
     (1, "adapt", _adapt(True), (0.4, True)),  # 2.5/s; the climb stops below 5/s
     (2, "adapt", _adapt(False), (0.333333, True)),  # 4.5/s capped at 5 - 2 = 3/s
-    (2.5, "adapt", _adapt(False), (0.333333, False)),
-    (3, "adapt", _adapt(False), (0.333333, False)),  # capped: stays under the 429's rate
-    (11, "adapt", _adapt(False), (0.199999, True)),  # the cap is forgotten after 10 s
-    (12, "adapt", _adapt(False), (0.142856, True)),
-    (13, "adapt", _adapt(False), (0.11111, True)),
-    (14, "adapt", _adapt(False), (0.1, True)),  # back at its max (the field is gone)
-    (15, "adapt", _adapt(False), (0.1, False)),
-    (15, "adapt", _adapt(True), (0.2, True)),
-    (16, "adapt", _adapt(True), (0.4, True)),
-    (17, "adapt", _adapt(True), (0.8, True)),
-    (18, "adapt", _adapt(True), (1.0, True)),  # never below min
-    (19, "adapt", _adapt(True), (1.0, False)),
+    (2.5, "adapt", _adapt(True), (0.666666, True)),  # a climb does not delay a drop
+    (3, "adapt", _adapt(False), (0.666666, False)),  # within a second of the drop
+    (3.5, "adapt", _adapt(False), (0.666666, False)),  # capped at 3 - 2 = 1/s: stays
+    (12.5, "adapt", _adapt(False), (0.285714, True)),  # the cap is forgotten after 10 s
+    (13.5, "adapt", _adapt(False), (0.181818, True)),
+    (14.5, "adapt", _adapt(False), (0.133333, True)),
+    (15.5, "adapt", _adapt(False), (0.105262, True)),
+    (16.5, "adapt", _adapt(False), (0.1, True)),  # back at its max (the field is gone)
+    (17.5, "adapt", _adapt(False), (0.1, False)),
+    (17.5, "adapt", _adapt(True), (0.2, True)),
+    (18.5, "adapt", _adapt(True), (0.4, True)),
+    (19.5, "adapt", _adapt(True), (0.8, True)),
+    (20.5, "adapt", _adapt(True), (1.0, True)),  # never below min
+    (21.5, "adapt", _adapt(True), (1.0, False)),
 ]
 TABLES["adapt"] = ADAPT

@@ -12,7 +12,8 @@
 -- ARGV[4]  emission interval at the min rate, microseconds per unit
 -- ARGV[5]  decrease: the factor a refusal multiplies the rate by, parts per million
 -- ARGV[6]  increase: what a climb adds to the rate, micro-units per second
--- ARGV[7]  every: the least time between two changes, microseconds
+-- ARGV[7]  every: the least time between two drops, and from any change to a climb,
+--          microseconds
 -- ARGV[8]  probe: how long a refusal's rate caps the climb, microseconds
 -- ARGV[9]  now in microseconds since the epoch, or "" to use the server's TIME
 -- Reply    {t, changed}: the emission interval now in force (microseconds per unit),
@@ -23,13 +24,19 @@ local fast, slow = tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_us(ARGV[9])
 local every = tonumber(ARGV[7])
 local stored = redis.call('HGET', KEYS[1], ARGV[1])
-local t, at, ceil_t, ceil_at = fast, now - every, 0, 0
+local t, at, ceil_t, ceil_at = fast, now - every, 0, now - every
 if stored then
   local a, b, c, d = string.match(stored, '^(%d+) (%d+) (%d+) (%d+)$')
   t, at, ceil_t, ceil_at = tonumber(a), tonumber(b), tonumber(c), tonumber(d)
 end
 t = math.max(fast, math.min(slow, t))
-if now - at < every or (ARGV[2] == '2' and not stored) then
+-- a 429 waits `every` after the last drop (a burst of 429s counts once), a climb
+-- after the last change of either kind
+local since = now - at
+if ARGV[2] == '1' then
+  since = now - ceil_at
+end
+if since < every or (ARGV[2] == '2' and not stored) then
   return {t, 0}
 end
 local increase = tonumber(ARGV[6])

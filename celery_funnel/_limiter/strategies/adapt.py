@@ -1,11 +1,11 @@
 """Adaptive rates for GCRA funnels whose upstream publishes no limits
 (``lua/adapt.lua``, with its Python twin for the memory backend): a refusal (HTTP 429)
 multiplies the rate by ``decrease``, and while calls succeed it climbs back by
-``increase`` per second, at most one change per ``every`` seconds (a burst of
-concurrent 429s counts once), between ``min`` and the code's rate. After a refusal at
-rate R, the climb stops one step below R for ``probe`` seconds: the rate settles under
-the upstream's limit instead of drawing a 429 on each climb, and looks above it again
-after that.
+``increase`` per second, between ``min`` and the code's rate: one drop per ``every``
+seconds at most (a burst of concurrent 429s counts once), and a climb only ``every``
+after the last change. After a refusal at rate R, the climb stops one step below R
+for ``probe`` seconds: the rate settles under the upstream's limit instead of drawing
+a 429 on each climb, and looks above it again after that.
 
 Rates are kept as emission intervals (integer microseconds per unit), one hash field
 per funnel key; a funnel back at its max rate has no field.
@@ -120,7 +120,7 @@ def parse_adaptive(spec: Any, rate: Rate, strategy: str, where: str) -> Adaptive
 
 def _parse(stored: str | None, fast: int, every: int, now: int) -> tuple[int, int, int, int, bool]:
     if stored is None:
-        return fast, now - every, 0, 0, False
+        return fast, now - every, 0, now - every, False
     t, at, ceil_t, ceil_at = (int(part) for part in stored.split(" "))
     return t, at, ceil_t, ceil_at, True
 
@@ -141,7 +141,8 @@ def _twin(store: MemoryStore, keys: Sequence[str], argv: Sequence[Arg]) -> Reply
     found = store.hmget(keys[0], [field])[0]
     t, at, ceil_t, ceil_at, stored = _parse(found, fast, every, now)
     t = max(fast, min(slow, t))
-    if now - at < every or (event == SUCCEEDED and not stored):
+    since = now - (ceil_at if event == REFUSED else at)  # a climb never delays a drop
+    if since < every or (event == SUCCEEDED and not stored):
         return [t, 0]
     if event == REFUSED:
         ceil_t, ceil_at = t, now
