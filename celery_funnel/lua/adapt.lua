@@ -1,8 +1,9 @@
 -- adapt.lua: the adaptive rate of a GCRA funnel whose upstream publishes no limits:
 -- on a refusal (HTTP 429) it drops multiplicatively, while calls succeed it climbs back
 -- additively, at most one step per `every`, within [min, max], shared by every worker.
--- After a refusal at rate R the climb stops one step below R for `probe`: the rate
--- settles under the upstream's limit instead of drawing a 429 on every climb.
+-- After a refusal at rate R the climb stops one step below R for `probe` (below
+-- R * (1 + decrease) / 2 when R is under the last refusal's rate): the rate settles
+-- under the upstream's limit instead of drawing a 429 on every climb.
 --
 -- KEYS[1]  the adaptive rates (hash: funnel key -> "t changed_at ceiling_t ceiling_at",
 --          every field integer microseconds; no field: the funnel runs at its max)
@@ -42,7 +43,14 @@ end
 local increase = tonumber(ARGV[6])
 local new = t
 if ARGV[2] == '1' then
-  ceil_t, ceil_at = t, now
+  if stored and now - ceil_at < tonumber(ARGV[8]) and t > ceil_t then
+    -- refused below the last refusal's rate: the limit fell, remember less than this
+    -- rate, (1 + decrease) / 2 of it (TCP CUBIC's fast convergence, RFC 8312 4.6)
+    ceil_t = math.ceil(t * 2e6 / (1e6 + tonumber(ARGV[5])))
+  else
+    ceil_t = t
+  end
+  ceil_at = now
   new = math.min(slow, math.ceil(t * 1e6 / tonumber(ARGV[5])))
 else
   new = math.max(fast, math.floor(1e12 / (1e12 / t + increase)))

@@ -4,8 +4,10 @@ multiplies the rate by ``decrease``, and while calls succeed it climbs back by
 ``increase`` per second, between ``min`` and the code's rate: one drop per ``every``
 seconds at most (a burst of concurrent 429s counts once), and a climb only ``every``
 after the last change. After a refusal at rate R, the climb stops one step below R
-for ``probe`` seconds: the rate settles under the upstream's limit instead of drawing
-a 429 on each climb, and looks above it again after that.
+for ``probe`` seconds (below ``R * (1 + decrease) / 2`` when R is under the last
+refusal's rate: the limit fell, as TCP CUBIC's fast convergence reads it): the rate
+settles under the upstream's limit instead of drawing a 429 on each climb, and looks
+above it again after that.
 
 Rates are kept as emission intervals (integer microseconds per unit), one hash field
 per funnel key; a funnel back at its max rate has no field.
@@ -145,7 +147,8 @@ def _twin(store: MemoryStore, keys: Sequence[str], argv: Sequence[Arg]) -> Reply
     if since < every or (event == SUCCEEDED and not stored):
         return [t, 0]
     if event == REFUSED:
-        ceil_t, ceil_at = t, now
+        fell = stored and now - ceil_at < probe and t > ceil_t  # the limit fell: see adapt.lua
+        ceil_t, ceil_at = math.ceil(float(t) * 2e6 / (1e6 + ppm)) if fell else t, now
         new = min(slow, math.ceil(float(t) * 1e6 / ppm))
     else:
         new = _climb(t, fast, increase, ceil_t, now - ceil_at < probe)
