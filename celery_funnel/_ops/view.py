@@ -105,12 +105,14 @@ def adaptive_rates(client: Any, prefix: str) -> dict[str, float]:
 
 
 def adaptive_text(rate: float | None, limit: Limit) -> str:
-    """How ``status`` shows an adaptive funnel's rate now (``rate``: None at its max)."""
+    """How ``status`` shows an adaptive funnel's rate now (``rate``: units per second,
+    None at its max), in the unit of the limit's rate."""
     assert limit.adaptive is not None
-    floor = f"min {limit.adaptive.min}"
+    unit, period = str(limit.rate).split("/", 1)[1], limit.rate.period
+    low = limit.adaptive.min.per_second * period
     if rate is None:
-        return f"{limit.rate.per_second:g}/s (at its max; {floor})"
-    return f"{rate:.3g}/s (max {limit.rate.per_second:g}/s, {floor}; lowered by 429s)"
+        return f"{limit.rate} (at its max; min {low:.3g}/{unit})"
+    return f"{rate * period:.3g}/{unit} (max {limit.rate}, min {low:.3g}/{unit}; lowered by 429s)"
 
 
 def at(epoch: float, now: float) -> str:
