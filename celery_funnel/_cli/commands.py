@@ -130,8 +130,9 @@ def status(ctx: click.Context, as_json: bool) -> None:
         for line in override_lines(ctx.obj.app, entries):
             ctx.obj.echo(f"  {line}")
     texts = {row["key"]: row["adaptive"] for row in rows if "adaptive" in row}
-    for key, rate in [] if as_json else sorted(adapted.items()):
-        ctx.obj.echo(f"adaptive: {key} at {texts.get(key, f'{rate:.3g}/s (lowered by 429s)')}")
+    for funnel_key, rate in [] if as_json else sorted(adapted.items()):
+        text = texts.get(funnel_key, f"{rate:.3g}/s (lowered by 429s)")
+        ctx.obj.echo(f"adaptive: {funnel_key} at {text}")
     if found.foreign and not as_json:
         ctx.obj.echo(f"({found.foreign} other keys under the prefix are not funnels: left alone)")
 
