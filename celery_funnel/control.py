@@ -19,10 +19,13 @@ new limit's tolerance is cut to it (``rebase``), and the tasks waiting for the f
 (held in the workers, or parked) decide again at once. So a raised rate is not stuck
 behind slots booked at the old pace, and a lowered one lets no burst through. A pause
 ends (resume, unset, or its ``ttl``) the same way: its parked tasks are released.
+
+``adaptive_rates(app)`` lists the adaptive funnels running below their code's rate.
 """
 
 from ._ops.control import (
     Override,
+    adaptive_rates,
     funnel_names,
     overrides,
     pause,
@@ -31,4 +34,7 @@ from ._ops.control import (
     unset,
 )
 
-__all__ = ["Override", "funnel_names", "overrides", "pause", "resume", "set_override", "unset"]
+__all__ = [
+    "Override", "adaptive_rates", "funnel_names", "overrides", "pause", "resume", "set_override",
+    "unset",
+]  # fmt: skip

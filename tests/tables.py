@@ -264,3 +264,63 @@ ALIGN: list[Row] = [
     (10, "align", _align(50, 1.0, True), (0.0,)),  # more than we hold: nothing to do
 ]
 TABLES["align"] = ALIGN
+
+
+# adapt: a limit of 10/s (T = 0.1 s), min 1/s, a 429 halves the rate, a success adds
+# 2/s, one drop per second and a climb a second after a change, a 429's rate caps the
+# climb for 10 s. An adapt row's answer is (seconds per unit in force, whether the call
+# changed it); worked out from rate = 1 / T: 1/0.8 + 2 = 3.25/s (T 0.307692), and so
+# on. A 429 under the last one's rate remembers (1 + 0.5) / 2 of its rate as the cap.
+def _adapt(refused: bool) -> dict[str, Any]:
+    from celery_funnel._limiter.rate import Rate
+    from celery_funnel._limiter.strategies.adapt import Adaptive
+
+    rule = Adaptive(Rate(1, 1), 0.5, Rate(2, 1), every=1.0, probe=10.0)
+    return {"field": "f", "refused": refused, "adaptive": rule, "rate": Rate(10, 1)}
+
+
+ADAPT: list[Row] = [
+    (0, "adapt", _adapt(False), (0.1, False)),  # at its max: nothing to climb
+    (0, "adapt", _adapt(True), (0.2, True)),  # halved: 5/s, capped below 10/s
+    (0.5, "adapt", _adapt(True), (0.2, False)),  # the same burst of 429s: once
+    (0.9, "adapt", _adapt(False), (0.2, False)),  # within a second of the change
+    (1, "adapt", _adapt(True), (0.4, True)),  # 2.5/s; under 10/s: remembers 3.75/s
+    (2, "adapt", _adapt(False), (0.4, False)),  # 4.5/s capped at 3.75 - 2 = 1.75/s
+    (2.5, "adapt", _adapt(True), (0.8, True)),  # a climb never delays a drop
+    (3, "adapt", _adapt(False), (0.8, False)),  # within a second of the drop
+    (3.5, "adapt", _adapt(False), (0.8, False)),  # capped (remembers 1.875/s)
+    (12.5, "adapt", _adapt(False), (0.307692, True)),  # the cap is forgotten after 10 s
+    (13.5, "adapt", _adapt(False), (0.190476, True)),
+    (14.5, "adapt", _adapt(False), (0.13793, True)),
+    (15.5, "adapt", _adapt(False), (0.108107, True)),
+    (16.5, "adapt", _adapt(False), (0.1, True)),  # back at its max (the field is gone)
+    (17.5, "adapt", _adapt(False), (0.1, False)),
+    (17.5, "adapt", _adapt(True), (0.2, True)),
+    (18.5, "adapt", _adapt(True), (0.4, True)),
+    (19.5, "adapt", _adapt(True), (0.8, True)),
+    (20.5, "adapt", _adapt(True), (1.0, True)),  # never below min
+    (21.5, "adapt", _adapt(True), (1.0, False)),
+]
+TABLES["adapt"] = ADAPT
+
+
+# adapt-falling: 10/s, min 1/s, halved by a 429, +1/s a second, a cap for 100 s. A 429
+# at 7/s, under the last one's 10/s: the limit fell, so the climb stops below
+# 7 * (1 + 0.5) / 2 = 5.25/s (one step under it: 4.25/s), not below 7/s.
+def _falling(refused: bool) -> dict[str, Any]:
+    from celery_funnel._limiter.rate import Rate
+    from celery_funnel._limiter.strategies.adapt import Adaptive
+
+    rule = Adaptive(Rate(1, 1), 0.5, Rate(1, 1), every=1.0, probe=100.0)
+    return {"field": "f", "refused": refused, "adaptive": rule, "rate": Rate(10, 1)}
+
+
+ADAPT_FALLING: list[Row] = [
+    (0, "adapt", _falling(True), (0.2, True)),  # 5/s, capped below 10/s
+    (1, "adapt", _falling(False), (0.166666, True)),  # 6/s
+    (2, "adapt", _falling(False), (0.142856, True)),  # 7/s
+    (3, "adapt", _falling(True), (0.285712, True)),  # 3.5/s; remembers 5.25/s
+    (4, "adapt", _falling(False), (0.235292, True)),  # 4.5/s capped at 4.25/s
+    (5, "adapt", _falling(False), (0.235292, False)),
+]
+TABLES["adapt-falling"] = ADAPT_FALLING

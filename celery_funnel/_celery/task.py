@@ -23,7 +23,7 @@ from celery.exceptions import Ignore
 
 from .._config.options import check_call, check_class, dry_run_of, limits_of, policy_of
 from .._config.runtime import Runtime, runtime_for
-from .._gate import settling
+from .._gate import adaptive, settling
 from .._gate.charges import Charges
 from .._gate.fair import fair_of
 from .._gate.judge import (
@@ -37,6 +37,7 @@ from .._gate.judge import (
     report_wait,
     requeued,
 )
+from .._gate.live import live_for
 from .._gate.publish import gate_publishes, republish
 from .._gate.state import HEADER
 from .._limiter.errors import BackendError, ConfigurationError
@@ -103,6 +104,7 @@ class FunnelTask(Task):  # type: ignore[misc]
     funnel_unique_ttl: ClassVar[float | None] = None  # seconds a dead holder keeps its key
     funnel_debounce: ClassVar[float | None] = None  # seconds without a send before it runs
     funnel_debounce_max: ClassVar[float | None] = None  # seconds after the first send, at most
+    funnel_adaptive: ClassVar[Any] = None  # {"min": "1/s", ...}: the rate adapts to 429s
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -183,6 +185,7 @@ class FunnelTask(Task):  # type: ignore[misc]
         """The upstream refused this task (an HTTP 429 with Retry-After, say): hold the
         task's funnels for ``seconds`` for every worker, and defer this task until then.
         ``seconds`` of 0 or less ("Retry-After: 0") holds nothing: the task books afresh.
+        Its adaptive funnels (``"adaptive"`` in a limit) lower their rate.
 
         Call it from the task body; it does not return (it ends the run with
         ``Ignore``, the task being published again). Needs GCRA funnels.
@@ -198,6 +201,7 @@ class FunnelTask(Task):  # type: ignore[misc]
                 f" (funnel_rate set, funnel_strategy 'gcra')"
             )
         runtime = runtime_for(self.app)
+        self._funnel_adapt(runtime, refused=True)
         args, kwargs = request.args or (), request.kwargs or {}
         keys = self._funnel_keys(runtime, limits, args, kwargs)
         seconds = max(float(seconds), 0.0)
@@ -264,6 +268,9 @@ class FunnelTask(Task):  # type: ignore[misc]
         upstream says remains, for every worker, in one round trip. A funnel is never
         made more generous than its own limit.
 
+        A funnel with ``"adaptive"`` in its limit takes ``status`` as a signal: a
+        2xx lets its rate climb, a 429 lowers it (see docs/llm.md).
+
         With ``status`` 429 it then holds the task's funnels for the ``Retry-After``
         (else until the latest reset of an exhausted limit, else 1 s) as
         ``funnel_backoff`` does, and does not return (the task is deferred).
@@ -281,7 +288,21 @@ class FunnelTask(Task):  # type: ignore[misc]
                            self.name, self.request.id, error)  # fmt: skip
         if status == 429:
             self.funnel_backoff(backoff_of(upstream))
+        if status is not None and 200 <= status < 300:
+            self._funnel_adapt(runtime, refused=False)
         return upstream
+
+    def _funnel_adapt(self, runtime: Runtime, *, refused: bool) -> None:
+        """Report a 429 (``refused``) or a success to this run's adaptive funnels (a
+        failure of their Redis is logged: the rates stay as they were)."""
+        charges = self._funnel_paid(runtime)
+        if not charges or all(c.limit.adaptive is None for c in charges):
+            return
+        try:
+            adaptive.report(runtime, charges, refused, live_for(self.app).adaptive)
+        except BackendError as error:
+            logger.warning("celery-funnel: task %s[%s] could not adapt its rate: %s",
+                           self.name, self.request.id, error)  # fmt: skip
 
     def _funnel_paid(self, runtime: Runtime) -> list[Charge] | None:
         """The charges this run paid at admission (None: it paid nothing, a direct

@@ -24,6 +24,8 @@ from .._ops.control import Override, families, overrides, owner
 from .._ops.view import (
     Failure,
     Found,
+    adaptive_rates,
+    adaptive_text,
     at,
     describe,
     fair_lines,
@@ -99,10 +101,11 @@ def status(ctx: click.Context, as_json: bool) -> None:
     store = ParkStore(backend.client, runtime.settings.key_prefix)
     counts = store.counts() if found.parked else {}
     entries, known = overrides(ctx.obj.app), families(ctx.obj.app)
+    adapted = adaptive_rates(backend.client, runtime.settings.key_prefix)
     rows = []
     for key in found.funnels:
         name = owner(ctx.obj.app, key, known)
-        row = _funnel_row(runtime, backend, key, entries.get(name or ""))
+        row = _funnel_row(runtime, backend, key, entries.get(name or ""), adapted)
         row["parked"] = counts.get(row["name"], 0)
         rows.append(row)
     for row in lease_rows(runtime, backend.client, found):
@@ -126,18 +129,29 @@ def status(ctx: click.Context, as_json: bool) -> None:
         ctx.obj.echo("overrides:")
         for line in override_lines(ctx.obj.app, entries):
             ctx.obj.echo(f"  {line}")
+    texts = {row["key"]: row["adaptive"] for row in rows if "adaptive" in row}
+    for funnel_key, rate in [] if as_json else sorted(adapted.items()):
+        text = texts.get(funnel_key, f"{rate:.3g}/s (lowered by 429s)")
+        ctx.obj.echo(f"adaptive: {funnel_key} at {text}")
     if found.foreign and not as_json:
         ctx.obj.echo(f"({found.foreign} other keys under the prefix are not funnels: left alone)")
 
 
 def _funnel_row(
-    runtime: Runtime, backend: RedisFunnel, key: FunnelKey, override: Override | None
+    runtime: Runtime,
+    backend: RedisFunnel,
+    key: FunnelKey,
+    override: Override | None,
+    adapted: dict[str, float],
 ) -> dict[str, Any]:
-    """A funnel found in Redis: its limit in force (``override`` applied) and state."""
+    """A funnel found in Redis: its limit in force (``override`` applied) and state,
+    and its adaptive rate (``adapted``: per second, by key; absent: at its max)."""
     limit, note = limit_of(runtime, key), ""
     if limit is not None:
         limit, note = in_force(limit, override)
     row = describe(backend, key, limit)
+    if limit is not None and limit.adaptive is not None:
+        row["adaptive"] = adaptive_text(adapted.get(key.key), limit)
     if override is not None:
         row["override"] = override.as_dict()
     if note:
@@ -170,12 +184,13 @@ def inspect(ctx: click.Context, name: str, as_json: bool) -> None:
     found = _resolve(runtime, backend, name)
     funnels, entries = found.funnels, overrides(ctx.obj.app)
     known = families(ctx.obj.app)
+    adapted = adaptive_rates(backend.client, runtime.settings.key_prefix)
     try:
         now = backend.time()
         rows = []
         for key in funnels:
             override = entries.get(owner(ctx.obj.app, key, known) or "")
-            row = _funnel_row(runtime, backend, key, override)
+            row = _funnel_row(runtime, backend, key, override, adapted)
             row["tickets"] = [
                 {"ticket": t, "slot": at(slot, now), "in_seconds": round(slot - now, 6)}
                 for t, slot in backend.tickets(key.key, SHOWN)

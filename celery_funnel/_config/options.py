@@ -34,11 +34,13 @@ OPTIONS = (
     "funnel_unique_ttl",
     "funnel_debounce",
     "funnel_debounce_max",
+    "funnel_adaptive",
 )
 # funnel_<field> options
-_FIELDS = ("rate", "capacity", "strategy", "key", "cost", "fair_by", "weights")
+_FIELDS = ("rate", "capacity", "strategy", "key", "cost", "fair_by", "weights", "adaptive")
 _DEFAULTS = {  # FunnelTask's
     "capacity": 1, "strategy": "gcra", "key": None, "cost": 1, "fair_by": None, "weights": None,
+    "adaptive": None,
 }  # fmt: skip
 _ABSTRACT_RUN = Task.__dict__["run"]
 

@@ -102,6 +102,13 @@ OPTION_HELP: dict[str, tuple[str, str]] = {
         "seconds: a debounced key runs at most this long after its window's first send"
         " (not less than `funnel_debounce`)",
     ),
+    "funnel_adaptive": (
+        "none: a fixed rate",
+        '`{"min": "1/s", "decrease": 0.5, "increase": "1/s", "every": 1.0,'
+        ' "probe": 60.0}`: the rate drops on an upstream\'s 429 and climbs back while calls'
+        ' succeed, between `min` and `funnel_rate`, for every worker (`"adaptive"` in a'
+        " `funnel_limits` entry; docs/llm.md)",
+    ),
 }
 
 # setting -> meaning (the default is the code's own)

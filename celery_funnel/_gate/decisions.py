@@ -55,7 +55,7 @@ class InFlightDecisions:
             return False
         if self.live.overrides.paused(charges) is not None:
             return False
-        subject, charges = arrival.subject, self.live.overrides.apply(charges)
+        subject, charges = arrival.subject, self.live.apply(charges)
         decide = partial(judge, self.runtime, subject, charges, state)
         call = self.call(subject, charges, state)
         if call is None:  # decided without Redis: decide again the ordinary way

@@ -157,7 +157,7 @@ class WorkerGate:
         paused = self.live.paused_step(charges, state, parked=lambda: self.parking.on)
         if paused is not None:
             return paused
-        return judge(self.runtime, arrival.subject, self.live.overrides.apply(charges), state)
+        return judge(self.runtime, arrival.subject, self.live.apply(charges), state)
 
     def _decided(self, arrival: Arrival, step: Ruling, lease: Lease | None) -> Any:
         """Act on ``step``: run the request, make it wait, or fail it."""

@@ -1,10 +1,12 @@
 """What live operation keeps for one app in one worker (``Live``): the overrides table
-the gate decides with, and the decisions counted for the dashboard. The live thread
-(``_live_thread``) keeps the table fresh and writes the counts.
+and the adaptive rates (``_adaptive``) the gate decides with, and the decisions
+counted for the dashboard. The live thread (``_live_thread``) keeps the tables fresh
+and writes the counts.
 
-Each pass of that thread, one pipeline: reads the overrides hash and the parked counts; adds the
-admitted/refused decisions counted in memory since the last pass to the per-minute
-series (``<prefix>{~live}#series:<minute>``: field ``<funnel>|<second>|a`` or ``|r``,
+Each pass of that thread, one pipeline: reads the overrides and adaptive hashes and
+the parked counts; adds the admitted/refused decisions counted in memory since the last
+pass to the per-minute series (``<prefix>{~live}#series:<minute>``: field
+``<funnel>|<second>|a`` or ``|r``,
 expiring after an hour), and records how many tasks this worker holds per funnel
 (``<prefix>{~live}#workers``: node -> JSON). When a funnel stops being paused (resumed,
 unset, or its pause expired), its parked tasks are made due at once; when its rate or
@@ -22,6 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .._limiter.keys import live_key
+from .adaptive import AdaptiveTable
 from .judge import Charge, Ruling, State
 from .overrides import OverrideTable
 
@@ -43,10 +46,12 @@ def series_key(prefix: str, minute: int) -> str:
 
 class Live:
     """What live operation keeps for one app in one worker: the ``overrides`` table the
-    gate decides with, and the decisions counted since the live thread's last pass."""
+    gate decides with, the ``adaptive`` rates below their max, and the decisions
+    counted since the live thread's last pass."""
 
     def __init__(self) -> None:
         self.overrides = OverrideTable()
+        self.adaptive = AdaptiveTable()
         self._counts: Counter[tuple[str, int, str]] = Counter()
         self._lock = threading.Lock()
 
@@ -68,6 +73,10 @@ class Live:
             return None
         delay = PAUSED_PARK_SECONDS if parked() else PAUSED_HOLD_SECONDS
         return Ruling(run=False, delay=delay, state=state._replace(deferrals=state.deferrals + 1))
+
+    def apply(self, charges: Sequence[Charge]) -> Sequence[Charge]:
+        """``charges`` under the overrides, then the adaptive rates, in force."""
+        return self.adaptive.apply(self.overrides.apply(charges))
 
     def take(self) -> Counter[tuple[str, int, str]]:
         """The counts so far, forgotten here (the live thread writes them)."""

@@ -19,6 +19,7 @@ from .fair import check_fair
 from .keys import safe_part
 from .rate import Rate
 from .strategies._registry import Backend  # a Funnel: backends.base imports this module
+from .strategies.adapt import Adaptive, parse_adaptive
 from .strategies.reservation import Shape
 from .values import MAX_CAPACITY, check_plain, did_you_mean, format_fields
 
@@ -37,7 +38,7 @@ STRATEGIES = strategies.names()  # every registered strategy
 SCOPES = strategies.SCOPES
 OPTIONS = (
     "rate", "capacity", "strategy", "key", "cost", "scope", "windows", "fair_by", "weights",
-    "name",
+    "name", "adaptive",
 )  # fmt: skip
 
 KeyFunc = Callable[..., object]
@@ -116,6 +117,7 @@ class Limit:
     fair_by: str | KeyFunc | None = None  # fair share between tenants (_fair)
     weights: Any = None  # the tenants' weights: a mapping or a callable (_fair)
     name: str | None = None  # unique per task (funnel_settle, feedback, status)
+    adaptive: Adaptive | None = None  # the rate adapts to an upstream's 429s (adapt)
 
     def __post_init__(self) -> None:
         # a Limit built directly is checked as one from parse_limit is, in the same words
@@ -330,9 +332,11 @@ def parse_limit(
     scope = _choice(where, label("scope"), spec.get("scope", "global"), SCOPES)
     key = _key(spec, where, label)
     name = _name(spec, where, label)
+    adaptive = parse_adaptive(spec.get("adaptive"), rate, strategy, f"{where}: {label('adaptive')}")
     try:  # the strategy's own checks, named as the others are
         return Limit(
-            rate, capacity, strategy, key, cost, pattern, scope, windows, fair_by, weights, name
-        )
+            rate, capacity, strategy, key, cost, pattern, scope, windows, fair_by, weights, name,
+            adaptive,
+        )  # fmt: skip
     except ConfigurationError as exc:
         raise ConfigurationError(f"{where}: {exc}") from None

@@ -23,10 +23,12 @@ from .._limiter.scripts import Script
 from .._limiter.strategies.gcra import funnel_shape
 from .._limiter.values import did_you_mean
 from .._stores.park import ParkStore
+from .view import adaptive_rates as adaptive_rates_of
 from .view import find, limit_of
 
 __all__ = [
-    "Override", "code_limits", "families", "funnel_names", "overrides", "owner", "pause",
+    "Override", "adaptive_rates", "code_limits", "families", "funnel_names", "overrides", "owner",
+    "pause",
     "rebase", "release_parked", "resume", "set_override", "unset",
 ]  # fmt: skip
 
@@ -264,3 +266,11 @@ def release_parked(app: Any, name: str) -> int:
     store = ParkStore(runtime.funnel.client, runtime.settings.key_prefix)  # type: ignore[attr-defined]
     labels = [label for label in store.counts() if name in label.split("+")]
     return sum(store.purge(label, release=True) for label in labels)
+
+
+def adaptive_rates(app: Any) -> dict[str, float]:
+    """The adaptive funnels (``"adaptive"`` in a limit) running below their code's rate
+    now: funnel key -> units per second. A funnel at its max is not listed."""
+    runtime = runtime_for(app)
+    client = runtime.funnel.client  # type: ignore[attr-defined]
+    return adaptive_rates_of(client, runtime.settings.key_prefix)

@@ -14,6 +14,7 @@ from typing import Any
 from .. import signals
 from .._celery.loop import Loop, LoopStep, log_failure
 from .._config.runtime import runtime_for
+from .._gate.adaptive import adaptive_key
 from .._gate.gate import WorkerGate
 from .._gate.live import REFRESH_SECONDS, SERIES_KEEP_SECONDS, Live, live_for, series_key
 from .._gate.overrides import Change, Override, changes
@@ -57,12 +58,13 @@ class LiveThread(Loop):
         pause before the next (seconds)."""
         counts = self.live.take()
         try:
-            overrides, parked = self._exchange(counts)
+            overrides, adaptive, parked = self._exchange(counts)
         except Exception:
             self.live.give_back(counts)
             raise
         table = self.live.overrides
         table.load(overrides)
+        self.live.adaptive.load(adaptive)
         in_force = table.all()
         changed = changes(self._in_force, in_force)
         if changed:
@@ -74,9 +76,10 @@ class LiveThread(Loop):
         signals.live_refreshed.send(sender=self.node, overrides=in_force, parked=parked_counts)
         return REFRESH_SECONDS
 
-    def _exchange(self, counts: Counter[tuple[str, int, str]]) -> tuple[Any, Any]:
+    def _exchange(self, counts: Counter[tuple[str, int, str]]) -> tuple[Any, Any, Any]:
         pipe = self.client.pipeline(transaction=False)
         pipe.hgetall(live_key(self.prefix, "overrides"))
+        pipe.hgetall(adaptive_key(self.prefix))
         pipe.hgetall(parked_keys(self.prefix)[7])
         minutes = set()
         for (label, second, kind), n in counts.items():
@@ -88,7 +91,7 @@ class LiveThread(Loop):
         state = {"at": time.time(), "waiting": self.waiting()}
         pipe.hset(live_key(self.prefix, "workers"), self.node, json.dumps(state))
         replies = pipe.execute()
-        return replies[0], replies[1]
+        return replies[0], replies[1], replies[2]
 
 
 class LiveStep(LoopStep):

@@ -13,6 +13,7 @@ from redis.exceptions import RedisError
 from .._celery.task import FunnelTask
 from .._config.options import limits_of
 from .._config.runtime import Runtime
+from .._gate.adaptive import adaptive_key
 from .._limiter import strategies
 from .._limiter.backends.redis import RedisFunnel
 from .._limiter.errors import BackendConfigurationError, BackendError
@@ -29,8 +30,8 @@ from .._stores.fair import fair_status
 from .._stores.unique import UniqueStore
 
 __all__ = [
-    "Found", "at", "describe", "fair_lines", "find", "lease_funnels", "limit_of", "resolve",
-    "unique_rows",
+    "Found", "adaptive_rates", "adaptive_text", "at", "describe", "fair_lines", "find",
+    "lease_funnels", "limit_of", "resolve", "unique_rows",
 ]  # fmt: skip
 
 Failure = (BackendError, BackendConfigurationError, RedisError)
@@ -91,6 +92,27 @@ def limit_of(runtime: Runtime, key: FunnelKey) -> Limit | None:
         if key.of_task(task_name, index) if task_name else key.of_limit(limit.pattern):
             return limit
     return None
+
+
+def adaptive_rates(client: Any, prefix: str) -> dict[str, float]:
+    """The adaptive funnels below their max: funnel key -> units per second."""
+    rates: dict[str, float] = {}
+    for raw, value in client.hgetall(adaptive_key(prefix)).items():
+        key = raw.decode() if isinstance(raw, bytes) else str(raw)
+        text = value.decode() if isinstance(value, bytes) else str(value)
+        rates[key] = 1_000_000 / int(text.split()[0])
+    return rates
+
+
+def adaptive_text(rate: float | None, limit: Limit) -> str:
+    """How ``status`` shows an adaptive funnel's rate now (``rate``: units per second,
+    None at its max), in the unit of the limit's rate."""
+    assert limit.adaptive is not None
+    unit, period = str(limit.rate).split("/", 1)[1], limit.rate.period
+    low = limit.adaptive.min.per_second * period
+    if rate is None:
+        return f"{limit.rate} (at its max; min {low:.3g}/{unit})"
+    return f"{rate * period:.3g}/{unit} (max {limit.rate}, min {low:.3g}/{unit}; lowered by 429s)"
 
 
 def at(epoch: float, now: float) -> str:

@@ -64,7 +64,8 @@ class MeteredUpstream:
     milliseconds early (the time from its admission to the call's arrival varies
     by that much from call to call). ``calls`` records every answered call: (time,
     n, status, tokens used); ``refusals`` every 429: (time, n, the bucket that
-    could not pay, its level)."""
+    could not pay, its level). With ``publish=False`` it sends no rate-limit header at
+    all, not even ``Retry-After`` on a 429 (an upstream that publishes nothing)."""
 
     requests: float = 10.0
     request_burst: float = 5.0
@@ -72,6 +73,7 @@ class MeteredUpstream:
     token_burst: float = 1500.0
     latency: float = 0.05
     slack: float = 0.01
+    publish: bool = True
     calls: list[tuple[float, int, int, int]] = field(default_factory=list)
     refusals: list[tuple[float, int, str, float]] = field(default_factory=list)
 
@@ -90,8 +92,12 @@ class MeteredUpstream:
 
     def set_tokens(self, rate: float, burst: float) -> None:
         """Change the token limit at once, telling no one (a provider's silent change)."""
+        self.set_limit("tokens", rate, burst)
+
+    def set_limit(self, name: str, rate: float, burst: float) -> None:
+        """Change limit ``name`` (``"requests"`` or ``"tokens"``) at once, telling no one."""
         with self._lock:
-            bucket = self._buckets["tokens"]
+            bucket = self._buckets[name]
             bucket.refill(time.time())
             bucket.rate, bucket.capacity = rate, burst
             bucket.level = min(bucket.level, burst)
@@ -109,14 +115,15 @@ class MeteredUpstream:
             if fits:
                 requests.level -= 1
                 tokens.level -= used
-            headers = self._headers(requests, tokens)
+            headers = self._headers(requests, tokens) if self.publish else {}
             if not fits:
                 short = "tokens" if requests.level + requests.rate * self.slack >= 1 else "requests"
                 self.refusals.append((now, n, short, self._buckets[short].level))
                 wait = max(
                     (1 - requests.level) / requests.rate, (used - tokens.level) / tokens.rate
                 )
-                headers["retry-after"] = f"{max(wait, 0.001):.3f}"
+                if self.publish:
+                    headers["retry-after"] = f"{max(wait, 0.001):.3f}"
             self.calls.append((now, n, 200 if fits else 429, used if fits else 0))
         return (200 if fits else 429), headers
 

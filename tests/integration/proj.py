@@ -114,6 +114,11 @@ def make_app(
         record(self, n)
         return n
 
+    @funnel_task("proj.adaptive", funnel_rate="20/h", funnel_adaptive={"min": "1/h"})
+    def adaptive(self: Any, n: int = 0) -> int:
+        record(self, n)
+        return n
+
     @funnel_task("proj.slow", funnel_rate="1/2s")
     def slow(self: Any, n: int = 0) -> int:
         record(self, n)

@@ -11,7 +11,10 @@ import pytest
 import redis
 
 from celery_funnel import RedisFunnel
+from celery_funnel._gate.adaptive import adaptive_key
 from celery_funnel._limiter.keys import limit_key, task_key
+from celery_funnel._limiter.rate import Rate
+from celery_funnel._limiter.strategies.adapt import Adaptive
 from celery_funnel.testing import free_port
 
 pytestmark = pytest.mark.redis
@@ -90,3 +93,20 @@ def test_unreachable_redis_is_a_clear_error_without_the_password() -> None:
     assert "cannot reach the funnels' Redis" in done.stderr
     assert "user:****@127.0.0.1" in done.stderr
     assert "s3cret" not in done.stderr + done.stdout
+
+
+def test_status_shows_the_adaptive_rate(redis_url: str, redis_client: redis.Redis) -> None:
+    """proj.adaptive: 20/h, adaptive down to 1/h; a 429 halved it to 10/h."""
+    redis_client.flushall()
+    funnel = RedisFunnel(redis_client)
+    key = task_key("funnel:", "proj.adaptive")
+    funnel.reserve(key, 0, 20, 3600, ticket="first")  # the funnel exists (3 minutes)
+    rule = Adaptive(Rate(1, 3600))
+    funnel.adapt(adaptive_key("funnel:"), key, refused=True, adaptive=rule, rate=Rate(20, 3600))
+
+    done = celery_funnel(redis_url, "status", "--json")
+    assert done.returncode == 0, done.stderr
+    (row,) = [r for r in json.loads(done.stdout) if r["key"] == key]
+    assert row["adaptive"] == "10/h (max 20/h, min 1/h; lowered by 429s)"
+    table = celery_funnel(redis_url, "status")
+    assert f"adaptive: {key} at 10/h (max 20/h" in table.stdout

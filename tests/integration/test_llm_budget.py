@@ -26,12 +26,17 @@ CALLS = 80
 def run_example(tmp_path: Path, settle: bool) -> dict[str, Any]:
     """Run the example (its own Redis, upstream and workers) and read what the
     upstream saw."""
+    return run_llm_example(tmp_path, "llm_budget", {"LLM_SETTLE": "1" if settle else "0"})
+
+
+def run_llm_example(tmp_path: Path, name: str, options: dict[str, str]) -> dict[str, Any]:
+    """Run ``examples/<name>.py`` with ``options`` in its environment (its own Redis,
+    upstream and workers) and read the summary it writes (``LLM_SUMMARY``)."""
     summary = tmp_path / "summary.json"
     with RedisServer() as server:
-        env = {**os.environ, "REDIS_URL": server.url, "LLM_SUMMARY": str(summary),
-               "LLM_SETTLE": "1" if settle else "0"}  # fmt: skip
+        env = {**os.environ, "REDIS_URL": server.url, "LLM_SUMMARY": str(summary), **options}
         done = subprocess.run(
-            [sys.executable, "examples/llm_budget.py"], cwd=ROOT, env=env,
+            [sys.executable, f"examples/{name}.py"], cwd=ROOT, env=env,
             capture_output=True, text=True, timeout=240, check=False,
         )  # fmt: skip
     assert summary.exists(), done.stdout[-3000:] + done.stderr[-3000:]

@@ -8,8 +8,10 @@ from typing import TypeVar
 
 from ..decision import Decision, Reservation
 from ..guard import limit_method
+from ..rate import Rate
 from ..scripts import Arg, Call, Reply, Script
 from ..strategies import (
+    adapt,
     align,
     fixed_window,
     gcra,
@@ -19,6 +21,7 @@ from ..strategies import (
     sliding_log,
     sliding_window,
 )
+from ..strategies.adapt import Adaptive
 from ..strategies.align import Align
 from ..strategies.reservation import Shape
 from ..strategies.settle import Settle
@@ -222,6 +225,23 @@ class Funnel(ABC):
         """``align`` on several GCRA funnels in one atomic step (one round trip); the
         keys must share one Redis Cluster hash slot. Per funnel, seconds until idle."""
         return align.align_all(self._eval, funnels, now)
+
+    def adapt(
+        self,
+        key: str,
+        field: str,
+        *,
+        refused: bool,
+        adaptive: Adaptive,
+        rate: Rate,
+        now: float | None = None,
+    ) -> tuple[float, bool]:
+        """Record a refusal (an upstream's 429) or a success on the adaptive rate of
+        funnel ``field`` (a limit of code rate ``rate``), kept in hash ``key``: see
+        ``strategies.adapt``. Returns the seconds per unit now in force and whether
+        this call changed them."""
+        event = adapt.REFUSED if refused else adapt.SUCCEEDED
+        return adapt.decode(self._eval(*adapt.adapt_call(key, field, event, adaptive, rate, now)))
 
     def fixed_window(
         self,

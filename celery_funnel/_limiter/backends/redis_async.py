@@ -62,7 +62,7 @@ class AsyncRedisFunnel:
     """Funnels kept in Redis, for asyncio code: ``RedisFunnel``'s methods, awaited.
 
     ``throttle``, ``throttle_many``, ``water_level``, ``reserve``, ``reserve_all``,
-    ``hold``, ``settle``, ``settle_all``, ``align``, ``align_all``, ``fixed_window``,
+    ``hold``, ``settle``, ``settle_all``, ``align``, ``align_all``, ``adapt``, ``fixed_window``,
     ``sliding_log`` and ``sliding_window`` take the same arguments and give the same
     answers (``Decision``, ``Reservation``) as ``Funnel``'s; each is one round trip
     (EVALSHA of a script loaded once; NOSCRIPT after a ``SCRIPT FLUSH`` or a failover
@@ -189,6 +189,7 @@ class AsyncRedisFunnel:
     settle_all = _awaitable(Funnel.settle_all)
     align = _awaitable(Funnel.align)
     align_all = _awaitable(Funnel.align_all)
+    adapt = _awaitable(Funnel.adapt)
     fixed_window = _awaitable(Funnel.fixed_window)
     sliding_log = _awaitable(Funnel.sliding_log)
     sliding_window = _awaitable(Funnel.sliding_window)
