@@ -62,7 +62,6 @@ class FunnelGate(bootsteps.StartStopStep):  # type: ignore[misc]
         except ConfigurationError as error:
             refuse_start(consumer, error)
             raise
-        ReceivedOnce(consumer)  # a task the gate published again is received once
         settings = runtime_for(consumer.app).settings
         if settings.limits:
             logger.info(
@@ -93,6 +92,7 @@ class FunnelGate(bootsteps.StartStopStep):  # type: ignore[misc]
             gate.parking.start()  # funnel_park=True on a Redis without AOF stops here
             _check_debounce(runtime, consumer.app)
             consumer.on_task_request = gate
+            ReceivedOnce(consumer)  # a task the gate published again is received once
 
 
 def _funnel_tasks(app: Any) -> bool:

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._limiter.errors import BackendError
-from .._limiter.fair import Fair, rank, weight_of
+from .._limiter.fair import Fair, weight_of
 from .._limiter.limit import Limit, Verdict, select_part
 from .._limiter.strategies.gcra import shape
 from .._limiter.strategies.reservation import DEFAULT_EARLY_SECONDS
@@ -98,16 +98,16 @@ class Queues:
         self.store = store
         self._enlisted: dict[str, float] = {}
 
-    def queue(self, charge: Charge, task_id: str, priority: tuple[str, Any], front: bool) -> None:
-        """Put a parked task into its tenant's queue; ``priority``: (broker transport,
-        the message's priority).
+    def queue(self, charge: Charge, task_id: str, rank: int, front: bool) -> None:
+        """Put a parked task into its tenant's queue; ``rank``: its priority rank (the
+        broker's order, 0 first: ``_limiter.fair.rank``).
 
         Raises:
             BackendError: when Redis fails.
         """
         assert charge.fair is not None
         t, _, tau = shape_of(charge)
-        order = (rank(*priority), front)
+        order = (rank, front)
         self.store.enqueue(charge.key, task_id, charge.fair, order, max(charge.cost, 1), (t, tau))
         now = time.monotonic()
         if now - self._enlisted.get(charge.key, -ENLIST_SECONDS) >= ENLIST_SECONDS:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
+from functools import cached_property
 from typing import Any
 
 from celery.worker.state import task_ready
@@ -80,6 +81,12 @@ class WorkerGate:
             runtime, self.live, self.inflight, self._decide, self._decided, self._fail
         )
 
+    @cached_property
+    def transport(self) -> str:
+        """The broker transport's driver ("redis", "amqp" ...): its priority order."""
+        with self.consumer.app.connection_for_write() as connection:  # named, not connected
+            return str(connection.transport.driver_type)
+
     def limits_for(self, name: str) -> tuple[Limit, ...]:
         """Every worker-wide limit whose pattern matches task ``name``."""
         return self.charges.worker_limits(name)
@@ -120,8 +127,7 @@ class WorkerGate:
             # only a fair-share charge has a fair step (asking for it asks if tasks may
             # be parked, which reads the funnels' Redis now and then)
             fair = self.parking.fair_step(request.id) if any(c.fair for c in charges) else None
-            transport = self.parking.transport
-            subject = subject_of(self.runtime, request, self.own_options, fair, transport)
+            subject = subject_of(self.runtime, request, self.own_options, fair, self.transport)
         except Exception as error:  # a bad option value fails its task only
             return self._fail(request, error, False)
         return self._run(Arrival(request, charges, slot_funnels, state, subject))

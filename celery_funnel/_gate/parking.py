@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from functools import cached_property, partial
+from functools import partial
 from typing import Any
 
 from .._config.runtime import Runtime
@@ -38,7 +38,6 @@ class Parking:
         self.store: ParkStore | None = None
         self.fair: FairStore | None = None
         self.queues: Queues | None = None
-        self.app = runtime.app
         if settings.redis_url:
             client = runtime.funnel.client  # type: ignore[attr-defined]
             self.store = ParkStore(client, settings.key_prefix)
@@ -74,12 +73,6 @@ class Parking:
             return None
         return partial(admit, self.fair, task_id)
 
-    @cached_property
-    def transport(self) -> str:
-        """The broker transport's driver ("redis", "amqp" ...): its priority order."""
-        with self.app.connection_for_write() as connection:  # not connected: named only
-            return str(connection.transport.driver_type)
-
     def park(
         self,
         request: Any,
@@ -87,9 +80,11 @@ class Parking:
         delay: float,
         label: str,
         fair: tuple[Charge, bool] | None = None,
+        rank: int = 0,
     ) -> bool:
         """Park ``request`` (a Celery worker Request) for ``delay`` seconds, or with
-        ``fair`` (its fair charge, in front or not) in its tenant's waiting queue; False
+        ``fair`` (its fair charge, in front or not) in its tenant's waiting queue at its
+        priority ``rank``; False
         when it is a stale copy of a task released and run already (drop it).
 
         Raises:
@@ -103,8 +98,7 @@ class Parking:
             content_type=request.content_type, content_encoding=request.content_encoding,
         )  # fmt: skip
         if fresh and fair is not None:
-            priority = (request.delivery_info or {}).get("priority")
-            self.queues.queue(fair[0], request.id, (self.transport, priority), fair[1])
+            self.queues.queue(fair[0], request.id, rank, fair[1])
         return fresh
 
     def accept(self, request: Any, state: State) -> bool:

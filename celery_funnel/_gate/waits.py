@@ -92,7 +92,8 @@ class Waits:
         request = arrival.request
         fair = fair_charge(arrival.charges, step.queued)
         try:
-            fresh = self.parking.park(request, requeued(step.state, 0.0), step.delay, label, fair)
+            state, rank = requeued(step.state, 0.0), arrival.subject.rank or 0
+            fresh = self.parking.park(request, state, step.delay, label, fair, rank)
         except Exception as error:  # keep it, try again shortly
             logger.warning(
                 "celery-funnel: could not park deferred task %s[%s] (%r); holding it %.0f s",
