@@ -17,7 +17,9 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import IO
 
 __all__ = ["spawn", "stop"]
@@ -62,20 +64,54 @@ def spawn(
     return process
 
 
+def _ended(pid: int) -> bool | None:
+    """Whether process ``pid`` has ended but is not reaped yet (a zombie: its pid, and so
+    its group's id, cannot be given to another process); None where /proc cannot say."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
 def stop(process: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
     """SIGTERM ``process`` and wait up to ``timeout`` seconds; then SIGKILL its whole
-    session (a worker's pool processes included)."""
-    if process.poll() is None:
+    session (a worker's pool processes included). The leader is reaped only after its
+    group is killed: a reaped pid may be reused at once (pid_max is often 32768), and
+    killing its group then would kill another program's processes."""
+    if process.returncode is None:
         with contextlib.suppress(ProcessLookupError):
             process.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)  # the session leader's pid is its group's
+        deadline = time.monotonic() + timeout
+        while _ended(process.pid) is False and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _ended(process.pid) is None:  # no /proc: wait the usual way (reaps it)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout)
+        _kill_group(process.pid)  # the session leader's pid is its group's
+    elif _members(process.pid):  # reaped before: its group lives on only in members
+        _kill_group(process.pid)
     if process.poll() is None:
         process.wait(10)
     with _lock:
         _live.discard(process)
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _members(pgid: int) -> bool:
+    """Whether a live process is in group ``pgid`` (a group's id is not reused while it
+    has members); True where /proc cannot say."""
+    if not Path("/proc/self/stat").exists():
+        return True
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[2]) == pgid:
+                return True
+    return False
 
 
 @atexit.register
