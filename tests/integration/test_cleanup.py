@@ -3,6 +3,7 @@ run stopped by SIGTERM still stops the servers its fixtures started."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -28,6 +29,49 @@ def inner_pytest(tmp_path: Path, source: str) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
+def finish(run: subprocess.Popen[str], timeout: float, stacks: Path | None = None) -> str:
+    """The output of ``run`` once it ends; if it does not end within ``timeout`` seconds,
+    fail with what it was doing: its signal state, threads, who holds its output pipe,
+    and the stacks it writes to ``stacks`` on SIGUSR1 (faulthandler)."""
+    try:
+        return run.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired as timed_out:
+        state = _diagnose(run)
+        with contextlib.suppress(OSError):
+            os.kill(run.pid, signal.SIGUSR1)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            run.wait(2)
+        run.kill()
+        out = run.communicate()[0]
+        if stacks is not None and stacks.exists():
+            state += "\n--- stacks\n" + stacks.read_text()
+        message = f"the run did not end in {timeout} s\n{state}\n--- output\n{out}"
+        raise AssertionError(message) from timed_out
+
+
+def _diagnose(run: subprocess.Popen[str]) -> str:
+    lines = []
+    proc = Path(f"/proc/{run.pid}")
+    with contextlib.suppress(OSError):
+        status = (proc / "status").read_text().splitlines()
+        lines += [x for x in status if x.split(":")[0] in _STATUS_FIELDS]
+    for task in sorted(proc.glob("task/*")):
+        with contextlib.suppress(OSError):
+            wchan = (task / "wchan").read_text()
+            lines.append(f"thread {task.name}: {(task / 'stat').read_text().split()[2]} {wchan}")
+    with contextlib.suppress(OSError):
+        pipe = os.readlink(f"/proc/self/fd/{run.stdout.fileno()}") if run.stdout else ""
+        for fd in Path("/proc").glob("[0-9]*/fd/*"):
+            with contextlib.suppress(OSError):
+                if os.readlink(fd) == pipe and int(fd.parts[2]) != os.getpid():
+                    cmd = Path(f"/proc/{fd.parts[2]}/cmdline").read_bytes().replace(b"\0", b" ")
+                    lines.append(f"pipe held by pid {fd.parts[2]}: {cmd[:200]!r}")
+    return "\n".join(lines)
+
+
+_STATUS_FIELDS = {"State", "Threads", "SigQ", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt"}
+
+
 def alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().split()[2]
@@ -41,7 +85,7 @@ def test_a_process_left_running_fails_the_run(tmp_path: Path) -> None:
         tmp_path,
         "import subprocess\n\n\ndef test_leaks():\n    subprocess.Popen(['sleep', '300'])\n",
     )
-    out, _ = run.communicate(timeout=120)
+    out = finish(run, 120)
     assert run.returncode == 1, out
     assert "1 process(es) started by the tests outlived them" in out
     pid = int(out.split("pid ", 1)[1].split(":", 1)[0])
@@ -50,27 +94,30 @@ def test_a_process_left_running_fails_the_run(tmp_path: Path) -> None:
 
 def test_a_clean_run_passes(tmp_path: Path) -> None:
     run = inner_pytest(tmp_path, "def test_nothing():\n    pass\n")
-    out, _ = run.communicate(timeout=120)
+    out = finish(run, 120)
     assert run.returncode == 0, out
 
 
 @pytest.mark.redis
 def test_sigterm_still_stops_the_servers_fixtures_started(tmp_path: Path) -> None:
-    pid_file = tmp_path / "redis.pid"
+    pid_file, stacks = tmp_path / "redis.pid", tmp_path / "stacks.txt"
     run = inner_pytest(
         tmp_path,
-        "import time\nfrom pathlib import Path\n\nimport pytest\n\n"
-        "from celery_funnel.testing import RedisServer\n\n\n"
+        "import faulthandler\nimport signal\nimport time\nfrom pathlib import Path\n\n"
+        "import pytest\n\n"
+        "from celery_funnel.testing import RedisServer\n\n"
+        f"STACKS = open({str(stacks)!r}, 'w')\n"
+        "faulthandler.register(signal.SIGUSR1, file=STACKS, all_threads=True)\n\n\n"
         "@pytest.fixture\ndef server():\n    with RedisServer() as server:\n"
         "        yield server\n\n\n"
         "def test_waits(server):\n"
         f"    Path({str(pid_file)!r}).write_text(str(server.process.pid))\n"
         "    time.sleep(300)\n",
     )
-    wait_for(pid_file.exists, 60)
+    wait_for(lambda: pid_file.exists() and pid_file.read_text(), 60)  # written, not only made
     redis_pid = int(pid_file.read_text())
     assert alive(redis_pid)
     run.send_signal(signal.SIGTERM)
-    out, _ = run.communicate(timeout=60)
+    out = finish(run, 60, stacks)
     assert not alive(redis_pid), out
     assert "outlived" not in out, out
