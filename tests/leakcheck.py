@@ -13,6 +13,7 @@ import os
 import signal
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -29,6 +30,19 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     os.environ[MARK] = uuid.uuid4().hex
     signal.signal(signal.SIGTERM, _interrupt)
+    # a mask inherited from whatever started the run would hold SIGTERM back for good
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
+@contextlib.contextmanager
+def sigterm_held_back() -> Iterator[None]:
+    """Processes started inside start with SIGTERM blocked, as the signal mask of the
+    program that starts them can leave them (a blocked signal stays pending for good)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def marked_processes(mark: str, name: str = MARK) -> dict[int, str]:

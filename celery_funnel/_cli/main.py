@@ -28,6 +28,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         # SIGTERM unwinds like Ctrl-C, so that the demo stops its workers and Redis
         signal.signal(signal.SIGTERM, _interrupt)
+        if hasattr(signal, "pthread_sigmask"):  # a mask inherited would hold it back for good
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         try:
             run(args.rate, args.capacity, args.workers, args.tasks, args.redis)
         except KeyboardInterrupt:

@@ -12,16 +12,19 @@ from pathlib import Path
 
 import pytest
 
+from tests.leakcheck import sigterm_held_back
 from tests.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def inner_pytest(tmp_path: Path, source: str) -> subprocess.Popen[str]:
-    """A pytest run of ``source`` with the leak-check plugin, outside this suite's config."""
+def inner_pytest(tmp_path: Path, source: str, held_back: bool = False) -> subprocess.Popen[str]:
+    """A pytest run of ``source`` with the leak-check plugin, outside this suite's config;
+    ``held_back``: it starts with SIGTERM blocked, as a parent's signal mask can leave it."""
     (tmp_path / "test_inner.py").write_text(source)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    return subprocess.Popen(
+    with sigterm_held_back() if held_back else contextlib.nullcontext():
+        return subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "tests.leakcheck", "-p",
          "no:cacheprovider", "-p", "no:celery", "test_inner.py"],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -99,7 +102,8 @@ def test_a_clean_run_passes(tmp_path: Path) -> None:
 
 
 @pytest.mark.redis
-def test_sigterm_still_stops_the_servers_fixtures_started(tmp_path: Path) -> None:
+@pytest.mark.parametrize("held_back", [False, True], ids=["SIGTERM", "SIGTERM blocked"])
+def test_sigterm_still_stops_the_servers_fixtures_started(tmp_path: Path, held_back: bool) -> None:
     pid_file, stacks = tmp_path / "redis.pid", tmp_path / "stacks.txt"
     run = inner_pytest(
         tmp_path,
@@ -113,6 +117,7 @@ def test_sigterm_still_stops_the_servers_fixtures_started(tmp_path: Path) -> Non
         "def test_waits(server):\n"
         f"    Path({str(pid_file)!r}).write_text(str(server.process.pid))\n"
         "    time.sleep(300)\n",
+        held_back,
     )
     wait_for(lambda: pid_file.exists() and pid_file.read_text(), 60)  # written, not only made
     redis_pid = int(pid_file.read_text())

@@ -10,12 +10,12 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import pytest
 
-from tests.leakcheck import marked_processes
+from tests.leakcheck import marked_processes, sigterm_held_back
 from tests.polling import wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -28,14 +28,18 @@ def demo_command(*options: str) -> list[str]:
 
 
 @contextmanager
-def running_demo(tmp_path: Path, *options: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+def running_demo(
+    tmp_path: Path, *options: str, held_back: bool = False
+) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """The demo, started until its tasks are sent; yields it and its "watch" hint line.
-    Every process it starts carries a probe in its environment, for the leak check."""
+    Every process it starts carries a probe in its environment, for the leak check.
+    ``held_back``: it starts with SIGTERM blocked, as a parent's signal mask can leave it."""
     probe = uuid.uuid4().hex
-    demo = subprocess.Popen(
-        demo_command(*options), env={**os.environ, PROBE: probe},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(tmp_path),
-    )  # fmt: skip
+    with sigterm_held_back() if held_back else nullcontext():
+        demo = subprocess.Popen(
+            demo_command(*options), env={**os.environ, PROBE: probe},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(tmp_path),
+        )  # fmt: skip
     assert demo.stdout is not None
     try:
         hint = ""
@@ -79,9 +83,16 @@ def test_the_printed_status_command_works_when_pasted(tmp_path: Path) -> None:
         assert rows[0]["capacity"] == 5
 
 
-@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
-def test_a_stopped_demo_stops_its_workers_and_redis(tmp_path: Path, number: int) -> None:
-    with running_demo(tmp_path, "--tasks", "200", "--rate", "2/s") as (demo, _):
+@pytest.mark.parametrize(
+    ("number", "held_back"),
+    [(signal.SIGTERM, False), (signal.SIGINT, False), (signal.SIGTERM, True)],
+    ids=["SIGTERM", "Ctrl-C", "SIGTERM blocked by the parent's mask"],
+)
+def test_a_stopped_demo_stops_its_workers_and_redis(
+    tmp_path: Path, number: int, held_back: bool
+) -> None:
+    options = ("--tasks", "200", "--rate", "2/s")
+    with running_demo(tmp_path, *options, held_back=held_back) as (demo, _):
         demo.send_signal(number)
         out, err = demo.communicate(timeout=60)
         assert demo.returncode == 130, out + err
