@@ -23,6 +23,7 @@ from celery_funnel import FunnelTask, install
 from celery_funnel._config.runtime import runtime_for
 
 RUNS = "runs"
+RELEASE = "release"  # tasks run with ``hold`` end once this key exists
 
 
 def new_app(
@@ -196,8 +197,11 @@ def make_app(
     # unique per key under a rate over all keys and one run at a time
     @task("proj.unique_limited", bind=True, base=FunnelTask, funnel_unique=True,
           funnel_key="{key}", funnel_limits=[{"rate": "2/s"}], funnel_concurrency=1)  # fmt: skip
-    def unique_limited(self: Any, key: str, n: int = 0) -> int:
+    def unique_limited(self: Any, key: str, n: int = 0, hold: bool = False) -> int:
         record(self, key, n)
+        deadline = time.monotonic() + 60
+        while hold and not store.exists(RELEASE) and time.monotonic() < deadline:
+            time.sleep(0.02)  # the run, and so its key, lasts until the test lets go
         return n
 
     if os.environ.get("FUNNEL_TEST_DEBOUNCE") == "1":  # they need AOF and parking

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from celery_funnel._stores.park import ParkStore
 from celery_funnel.testing import RedisServer
 from tests.integration.conftest import Recorder, sample
-from tests.integration.proj import close_app, make_app, runs
+from tests.integration.proj import RELEASE, close_app, make_app, runs
 from tests.integration.test_cli import celery_funnel
 from tests.integration.test_observability import Events
 from tests.integration.test_one_gate import once_each, workers
@@ -63,23 +63,27 @@ def test_unique_under_a_rate_and_a_concurrency_limit(
 ) -> None:
     """Unique per key, 2/s over all keys, one at a time per key: bursts of 10 sends on 4
     keys make 4 tasks, deferred by the rate (published again or held: the same ids keep
-    their keys), each run once; the keys are all free after."""
+    their keys), each run once; the keys are all free after. The runs last until every
+    send is made (``hold``): a run that ended would free its key for the next send."""
     app = make_app(broker.url, standalone_url)
     task = app.tasks["proj.unique_limited"]
     try:
         with workers(broker.url, standalone_url, 2) as started:
             started.wait_ready()
-            ids = {key: {task.delay(key, n).id for n in range(10)} for key in "abcd"}
-            assert all(len(found) == 1 for found in ids.values())
-            wait_for(lambda: len(runs(standalone_url)) >= 4, 30)
+            sends = {key: [task.delay(key, n, hold=True).id for n in range(10)] for key in "abcd"}
             with redis.Redis.from_url(standalone_url) as client:
+                client.set(RELEASE, 1)
+                assert {key: len(set(found)) for key, found in sends.items()} == dict.fromkeys(
+                    "abcd", 1
+                ), sends
+                wait_for(lambda: len(runs(standalone_url)) >= 4, 30)
                 wait_for(lambda: not list(client.scan_iter("funnel:*#unique")), 30)
             again = {task.delay(key, 10).id for key in "ab"}
             wait_for(lambda: len(runs(standalone_url)) >= 6, 30)
     finally:
         close_app(app)
     recorded = once_each(
-        standalone_url, "proj.unique_limited", {*again, *set().union(*ids.values())}
+        standalone_url, "proj.unique_limited", {*again, *set().union(*sends.values())}
     )
     assert sorted(r["args"][1] for r in recorded) == [0, 0, 0, 0, 10, 10]
 
