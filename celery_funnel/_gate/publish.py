@@ -24,7 +24,7 @@ from typing import Any
 
 from kombu.serialization import registry
 
-from .._stores.park import ParkStore, Release, capture
+from .._stores.park import ParkStore, Release, capture, origin_of
 from .state import HEADER
 
 __all__ = [
@@ -185,7 +185,8 @@ def park(
     }  # fmt: skip
     with gate_publishing(), _traced(context):
         message = capture(signature, meta, ignore_result=True, add_to_parent=False)
-    return store.park(str(context.id), wait, message, str(state.get("release") or ""))
+    token = str(state.get("release") or "")
+    return store.park(str(context.id), wait, message, token, origin_of(context))
 
 
 def publish(app: Any, release: Release) -> None:

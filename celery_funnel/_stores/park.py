@@ -15,7 +15,8 @@ Keys (one hash tag, so one script sees them all on a Redis Cluster)::
     <prefix>{~parked}#entries      hash        task id -> message (JSON)
     <prefix>{~parked}#claims       hash        task id -> token of the claiming release
     <prefix>{~parked}#leases       sorted set  task id -> end of the claim (µs)
-    <prefix>{~parked}#accepted     hash        task id -> token of the accepted copy
+    <prefix>{~parked}#accepted     hash        task id -> token of the accepted copy;
+                                               origin of the first parked message
     <prefix>{~parked}#accepted-at  sorted set  task id -> when (µs), to expire the above
 
 An entry records its funnel, Celery priority and arrival time beside the message, so
@@ -38,7 +39,7 @@ from .._limiter.keys import parked_keys
 from .fair import FairStore
 from .store import RedisStore, text
 
-__all__ = ["ParkStore", "Parked", "Release", "capture"]
+__all__ = ["ParkStore", "Parked", "Release", "capture", "origin_of"]
 
 US = 1_000_000
 PAGE = 500  # entries read per round trip
@@ -108,6 +109,15 @@ def capture(signature: Any, meta: Mapping[str, Any], **options: Any) -> dict[str
     return {**found[0], "meta": dict(meta)}
 
 
+def origin_of(context: Any) -> str:
+    """What every copy of one task message shares, and a later message given the same
+    task id does not: its task, the run that sent it and how often it was replaced
+    (Celery's ``replace`` gives a chain's last task, or a chord's body, the replaced
+    task's id; another run sends it)."""
+    nesting = getattr(context, "replaced_task_nesting", 0) or 0
+    return f"{context.task}\n{context.parent_id or ''}\n{nesting}"
+
+
 def encode_message(message: Mapping[str, Any]) -> str:
     """A captured message as JSON text (the body base64-encoded)."""
     return json.dumps({**message, "body": base64.b64encode(message["body"]).decode("ascii")})
@@ -138,16 +148,21 @@ class ParkStore(RedisStore):
             for name in ("park", "park_claim", "park_done", "park_accept", "park_purge")
         )
 
-    def park(self, task_id: str, wait: float, message: Mapping[str, Any], token: str) -> bool:
+    def park(
+        self, task_id: str, wait: float, message: Mapping[str, Any], token: str, origin: str = ""
+    ) -> bool:
         """Park ``message`` (see ``capture``) for ``wait`` seconds from now (the server's
         clock), counted under its ``meta["funnel"]`` label. ``token``: the release token
-        the deferred copy carried ("" if none). False when that copy is stale (its task
-        was released and accepted already): the caller drops it."""
+        the deferred copy carried ("" if none). ``origin``: what tells copies of one
+        message from another message given the same task id (see ``origin_of``). False
+        when that copy is stale (its task was released and accepted already): the
+        caller drops it."""
         wait_us = max(round(wait * US), 0)
         label = str(message["meta"]["funnel"])
         reply = self._script(
-            self._park, self.keys, task_id, wait_us, encode_message(message), token, label
-        )
+            self._park, self.keys, task_id, wait_us, encode_message(message), token, label,
+            origin,
+        )  # fmt: skip
         return bool(reply[0])
 
     def claim(

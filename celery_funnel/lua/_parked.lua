@@ -7,11 +7,18 @@
 --   accepted     hash        task id -> which copies of the task may run: the token of
 --                            its latest release ("<token>"), "+<token>" once a worker
 --                            accepted a copy of it, "parked" when parked again after
---                            that; absent while it was never released
+--                            that; absent while it was never released. And
+--                            "origin\0<task id>" -> the origin of the message first
+--                            parked under that id (park.lua), kept as long as its record
 --   accepted_at  sorted set  task id -> when that last changed (µs), to expire it
 --   labels       hash        task id -> the funnel(s) that deferred it
 --   counts       hash        label -> how many parked tasks it holds
 local due, entries, claims, leases, accepted, accepted_at, labels, counts = unpack(KEYS)
+
+-- the field of `accepted` that keeps the origin of the message first parked as `id`
+local function origin_field(id)
+  return 'origin\0' .. id
+end
 
 local function server_now()
   local clock = redis.call('TIME')

@@ -6,13 +6,36 @@
 -- ARGV[3]  the message (JSON text)
 -- ARGV[4]  the release token the parked message carries ("" when it was never released)
 -- ARGV[5]  the label of the funnel(s) that deferred it
+-- ARGV[6]  the message's origin: the same for every copy of one message, another for
+--          a later message given the same task id ("" when unknown)
 -- Reply    {1, release time µs} when parked; {0, 0} when this message is a stale copy
 --          (its task was released since: that release runs, the caller drops this)
 -- A task parked again (the broker delivered its original message twice, or a released
--- copy was deferred again) keeps one entry: one release.
+-- copy was deferred again) keeps one entry: one release. A message without a token of
+-- an origin new to its id is a task of its own (Celery's `replace` gives the last task
+-- of a chain, or the body of a chord, the replaced task's id; another run sends it):
+-- the id's record starts afresh, and copies of the earlier messages stay stale.
 
-local id, carried = ARGV[1], ARGV[4]
+local id, carried, origin = ARGV[1], ARGV[4], ARGV[6]
 local before = redis.call('HGET', accepted, id)
+if carried == '' and origin ~= '' then
+  local field = origin_field(id)
+  local seen = redis.call('HGET', accepted, field)
+  if not seen then
+    redis.call('HSET', accepted, field, origin)
+  elseif string.find('\0' .. seen .. '\0', '\0' .. origin .. '\0', 1, true) then
+    if seen ~= origin and string.sub(seen, -#origin - 1) ~= '\0' .. origin then
+      return {0, 0}  -- a copy of an earlier message under this id
+    end
+  else
+    redis.call('HSET', accepted, field, seen .. '\0' .. origin)
+    if before then
+      redis.call('HDEL', accepted, id)
+      redis.call('ZREM', accepted_at, id)
+      before = false
+    end
+  end
+end
 if before and before ~= carried and before ~= '+' .. carried then
   return {0, 0}
 end

@@ -18,6 +18,9 @@ local function claim(id)
   local state = redis.call('HGET', accepted, id)
   if not message or (state and string.sub(state, 1, 1) == '+') then
     forget(id)  -- gone, or a copy of its release runs already (its releaser died after)
+    if not state then
+      redis.call('HDEL', accepted, origin_field(id))
+    end
     return
   end
   claim_entry(id, ARGV[4], now, now + tonumber(ARGV[2]))
@@ -46,7 +49,7 @@ for _, id in ipairs(old) do
     redis.call('ZADD', accepted_at, now, id)
   else
     redis.call('ZREM', accepted_at, id)
-    redis.call('HDEL', accepted, id)
+    redis.call('HDEL', accepted, id, origin_field(id))
   end
 end
 return reply

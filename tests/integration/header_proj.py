@@ -21,6 +21,10 @@ from tests.integration.proj import new_app
 
 SEEN = "seen"
 PARENTS = (0, 1, 2, 3, 4, 5)  # sent alone; 10-15 are sent in canvases
+# what each replacer is replaced by (see ``replacer``), by its number
+REPLACEMENTS = (
+    "child", "child", "same", "same", "same", "same", "chain", "chain", "chord", "chord",
+)  # fmt: skip
 # what each parent sends from its body
 KIDS = (
     "delay", "funnelled-apply", "chain-a", "chain-b", "group-a", "funnelled-group",
@@ -83,10 +87,18 @@ def make_app(broker_url: str, funnel_url: str, queue: str = "hdr", **conf: Any) 
 
     @funnelled("hdr.replacer")
     def replacer(self: Any, n: int, into: str) -> None:
-        """Replaced by an un-funnelled child ("child"), or first by itself, on the same
-        funnel, where it waits again ("same")."""
+        """Replaced by an un-funnelled child ("child"); or first by itself, on the same
+        funnel, where it waits again ("same"); or by a chain ("chain") or a chord
+        ("chord") whose last task, itself again, takes its task id (Celery's ``replace``)
+        and is sent by another run: an earlier link, the chord's last header task."""
         seen(self, f"replacer-{into}:{n}")
-        replacement = child.si(f"replace:{n}") if into == "child" else replacer.si(n, "child")
+        again = replacer.si(n, "child")
+        replacement = {
+            "child": child.si(f"replace:{n}"),
+            "same": again,
+            "chain": chain(child.si(f"replace-link:{n}"), again),
+            "chord": chord([child.si(f"replace-header:{n}")], again),
+        }[into]
         raise self.replace(replacement)
 
     # one at a time: the waiters are parked and handed the slot (a "promised" header)
@@ -111,8 +123,8 @@ def make_app(broker_url: str, funnel_url: str, queue: str = "hdr", **conf: Any) 
             retrier.delay("k", n, "fresh")
         for n in range(6):  # first runs and retries wait on one funnel
             retrier.delay("s", n, "same")
-        for n in range(6):
-            replacer.delay(n, "child" if n < 2 else "same")
+        for n, into in enumerate(REPLACEMENTS):
+            replacer.delay(n, into)
         for n in range(3):
             leased.delay(n)
 

@@ -18,7 +18,7 @@ from kombu.connection import Connection
 from kombu.entity import Queue
 
 from celery_funnel.testing import CeleryWorkers, RedisServer
-from tests.integration.header_proj import KIDS, PARENTS, make_app, seen_runs
+from tests.integration.header_proj import KIDS, PARENTS, REPLACEMENTS, make_app, seen_runs
 from tests.integration.proj import close_app
 from tests.polling import wait_for
 
@@ -43,8 +43,11 @@ def expected() -> Counter[str]:
     labels += ["send-all", "link:10", "chord-body:11", "callback:13"]
     labels += [f"{run}-fresh:{n}" for run in ("first", "retry") for n in range(4)]
     labels += [f"{run}-same:{n}" for run in ("first", "retry") for n in range(6)]
-    labels += [f"replacer-child:{n}" for n in range(6)] + [f"replace:{n}" for n in range(6)]
-    labels += [f"replacer-same:{n}" for n in range(2, 6)]
+    labels += [f"replacer-{into}:{n}" for n, into in enumerate(REPLACEMENTS)]
+    labels += [f"replacer-child:{n}" for n, into in enumerate(REPLACEMENTS) if into != "child"]
+    labels += [f"replace:{n}" for n in range(len(REPLACEMENTS))]
+    labels += [f"replace-link:{n}" for n, into in enumerate(REPLACEMENTS) if into == "chain"]
+    labels += [f"replace-header:{n}" for n, into in enumerate(REPLACEMENTS) if into == "chord"]
     labels += [f"leased:{n}" for n in range(3)] + [f"leased-child:{n}" for n in range(3)]
     return Counter(labels)
 

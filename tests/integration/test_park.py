@@ -114,6 +114,43 @@ def test_an_original_delivered_twice_is_parked_once(store: ParkStore) -> None:
     assert store.count() == 0
 
 
+def test_a_later_message_given_a_released_tasks_id_is_a_task_of_its_own(
+    store: ParkStore,
+) -> None:
+    """Celery's ``replace`` gives a chain's last task (or a chord's body) the replaced
+    task's id, and another run sends it. Parked after the replaced task was released
+    and ran, it is released and runs in turn; copies of either message stay stale."""
+    first, later = "t\n\n0", "t\nlink-id\n1"  # task, parent, replaced_task_nesting
+    assert store.park("a", 0.0, message(), "", first)
+    _, _, (release,) = store.claim(0.0, 30.0, 10, 3600.0)
+    assert store.accept("a", release.token)
+    assert not store.park("a", 0.0, message(), "", first), "the first, delivered again"
+    assert store.park("a", 0.0, message(1), "", later), "the chain's last task"
+    assert not store.park("a", 0.0, message(), "", first), "the first, delivered again"
+    _, _, (again,) = store.claim(0.0, 30.0, 10, 3600.0)
+    assert again.message["headers"]["id"] == "id1"
+    assert not store.accept("a", release.token), "a copy of the first release"
+    assert store.accept("a", again.token)
+    assert not store.park("a", 0.0, message(1), "", later), "the later, delivered again"
+    assert store.park("a", 0.0, message(1), again.token, later), "its release, deferred again"
+    assert store.count() == 1
+
+
+def test_a_tasks_records_go_with_it(store: ParkStore, redis_client: redis.Redis) -> None:
+    """What tells messages apart lives as long as the task's acceptance record: purged
+    with a task never released, expired with the record of one released."""
+    accepted = store.keys[4]
+    store.park("a", 0.0, message(), "", "t\n\n0")
+    _, _, (release,) = store.claim(0.0, 30.0, 10, 3600.0)
+    store.accept("a", release.token)
+    store.park("b", 60.0, message(1), "", "t\n\n0")
+    assert redis_client.hlen(accepted) == 3  # a's record, a's and b's origins
+    assert store.purge() == 1
+    assert redis_client.hlen(accepted) == 2
+    store.claim(0.0, 30.0, 10, 0.0)  # records older than 0 s are forgotten
+    assert redis_client.hlen(accepted) == 0
+
+
 def test_claims_are_bounded_and_in_release_order(store: ParkStore) -> None:
     # release times a minute apart, so that the order holds however slowly they park
     for n in range(30):
