@@ -65,11 +65,12 @@ Headline = list[tuple[str, str, str]]
 Rows = dict[str, dict[str, float]]
 
 
-def _ratios(rows: dict[str, dict[str, float]], prefix: str, field: str) -> str:
+def _ratios(rows: dict[str, dict[str, float]], prefix: str, field: str, unit: str = "") -> str:
     got = [r[field] for name, r in rows.items() if name.startswith(prefix)]
     if not got:
         return "not installed"
-    return f"{got[0]:.2f}" if len(got) == 1 else f"{min(got):.2f}-{max(got):.2f}"
+    figures = f"{got[0]:.2f}" if len(got) == 1 else f"{min(got):.2f}-{max(got):.2f}"
+    return figures + unit
 
 
 def pinned(run: Callable[[str], Rows]) -> tuple[Rows, str]:
@@ -97,9 +98,9 @@ def section_core(calls: int, rounds: int) -> tuple[str, Headline]:
         ("server µs per decision, and / TIME+GET+SET floor script"
          f" ({floor:.2f} µs)",
          "; ".join(f"{n} {rows[n]['server']:.2f} ({rows[n]['server'] / floor:.2f}x)" for n in ours),
-         f"GCRA at most 1.2x the floor; limits {_ratios(rows, 'limits', 'server')} µs,"
-         f" pyrate-limiter {_ratios(rows, 'pyrate', 'server')} µs,"
-         f" redis-cell (native) {_ratios(rows, 'redis-cell', 'server')} µs"),
+         f"GCRA at most 1.2x the floor; limits {_ratios(rows, 'limits', 'server', ' µs')},"
+         f" pyrate-limiter {_ratios(rows, 'pyrate', 'server', ' µs')},"
+         f" redis-cell (native) {_ratios(rows, 'redis-cell', 'server', ' µs')}"),
         ("round trips (EVALSHA) per decision, every row",
          f"{max(rows[n]['scripts'] for n in ours):.2f}", "1"),
     ]  # fmt: skip
