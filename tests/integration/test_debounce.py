@@ -41,15 +41,17 @@ def bursts(app: Celery, name: str, keys: list[str], sends: int, spacing: float) 
     dict[str, set[str]], dict[str, tuple[int, float]]
 ]:  # fmt: skip
     """``sends`` sends per key, one round of all keys every ``spacing`` seconds: the ids
-    each key's sends got, and each key's last send (n, when)."""
+    each key's sends got, and each key's last send (n, when it began: Redis opens the
+    window when the send reaches it, after that and before the send returns)."""
     ids: dict[str, set[str]] = defaultdict(set)
     last: dict[str, tuple[int, float]] = {}
     task = app.tasks[name]
     for n in range(sends):
         round_started = time.monotonic()
         for key in keys:
+            began = time.time()
             ids[key].add(task.delay(key, n).id)
-            last[key] = (n, time.time())
+            last[key] = (n, began)
         # paces the sends (this is the load, not a wait for state)
         time.sleep(max(spacing - (time.monotonic() - round_started), 0))
     return ids, last
