@@ -73,14 +73,14 @@ class InFlightDecisions:
         ticket), so it is captured once, with a stand-in id, and reused with the task's:
         deciding twice per task (capture, then replay on the reply) cost about a sixth
         of the gate's time. The reply is still decoded by the decision replayed."""
+        own = partial(self._judge, subject, charges, state)
+        if subject.expires_in is not None:  # max_wait: the task's own
+            return self.inflight.capture(own)[0]
         key: Hashable = (tuple(charges), state, subject.policy, subject.dry_run, subject.rank)
         try:  # one lookup: hashing the key is a good part of a never-limited task's cost
             template = self.calls.get(key, _UNSEEN)
         except TypeError:  # an unhashable option value (a mapping): captured each time
-            template = None
-            key = None
-        if key is None or subject.expires_in is not None:  # max_wait: the task's own
-            return self.inflight.capture(partial(self._judge, subject, charges, state))[0]
+            return self.inflight.capture(own)[0]
         if template is _UNSEEN:
             if len(self.calls) >= CALLS:
                 self.calls.clear()

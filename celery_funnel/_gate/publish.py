@@ -24,7 +24,7 @@ from typing import Any
 
 from kombu.serialization import registry
 
-from .._stores.park import ParkStore, Release, capture, origin_of
+from .._stores.park import ParkStore, Release, capture
 from .state import HEADER
 
 __all__ = [
@@ -186,7 +186,16 @@ def park(
     with gate_publishing(), _traced(context):
         message = capture(signature, meta, ignore_result=True, add_to_parent=False)
     token = str(state.get("release") or "")
-    return store.park(str(context.id), wait, message, token, origin_of(context))
+    return store.park(str(context.id), wait, message, token, _origin(context))
+
+
+def _origin(context: Any) -> str:
+    """What every copy of one task message shares, and a later message given the same
+    task id does not: its task, the run that sent it and how often it was replaced
+    (Celery's ``replace`` gives a chain's last task, or a chord's body, the replaced
+    task's id; another run sends it)."""
+    nesting = getattr(context, "replaced_task_nesting", 0) or 0
+    return f"{context.task}\n{context.parent_id or ''}\n{nesting}"
 
 
 def publish(app: Any, release: Release) -> None:

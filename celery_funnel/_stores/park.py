@@ -39,7 +39,7 @@ from .._limiter.keys import parked_keys
 from .fair import FairStore
 from .store import RedisStore, text
 
-__all__ = ["ParkStore", "Parked", "Release", "capture", "origin_of"]
+__all__ = ["ParkStore", "Parked", "Release", "capture"]
 
 US = 1_000_000
 PAGE = 500  # entries read per round trip
@@ -109,15 +109,6 @@ def capture(signature: Any, meta: Mapping[str, Any], **options: Any) -> dict[str
     return {**found[0], "meta": dict(meta)}
 
 
-def origin_of(context: Any) -> str:
-    """What every copy of one task message shares, and a later message given the same
-    task id does not: its task, the run that sent it and how often it was replaced
-    (Celery's ``replace`` gives a chain's last task, or a chord's body, the replaced
-    task's id; another run sends it)."""
-    nesting = getattr(context, "replaced_task_nesting", 0) or 0
-    return f"{context.task}\n{context.parent_id or ''}\n{nesting}"
-
-
 def encode_message(message: Mapping[str, Any]) -> str:
     """A captured message as JSON text (the body base64-encoded)."""
     return json.dumps({**message, "body": base64.b64encode(message["body"]).decode("ascii")})
@@ -154,7 +145,7 @@ class ParkStore(RedisStore):
         """Park ``message`` (see ``capture``) for ``wait`` seconds from now (the server's
         clock), counted under its ``meta["funnel"]`` label. ``token``: the release token
         the deferred copy carried ("" if none). ``origin``: what tells copies of one
-        message from another message given the same task id (see ``origin_of``). False
+        message from another message given the same task id (``park.lua``). False
         when that copy is stale (its task was released and accepted already): the
         caller drops it."""
         wait_us = max(round(wait * US), 0)

@@ -19,16 +19,18 @@
 local id, carried, origin = ARGV[1], ARGV[4], ARGV[6]
 local before = redis.call('HGET', accepted, id)
 if carried == '' and origin ~= '' then
+  -- the origins parked under this id, oldest first, each after a NUL
   local field = origin_field(id)
-  local seen = redis.call('HGET', accepted, field)
-  if not seen then
+  local seen = '\0' .. (redis.call('HGET', accepted, field) or '')
+  local this = '\0' .. origin
+  if seen == '\0' then
     redis.call('HSET', accepted, field, origin)
-  elseif string.find('\0' .. seen .. '\0', '\0' .. origin .. '\0', 1, true) then
-    if seen ~= origin and string.sub(seen, -#origin - 1) ~= '\0' .. origin then
-      return {0, 0}  -- a copy of an earlier message under this id
-    end
+  elseif string.sub(seen, -#this) == this then
+    -- the latest message under this id: the token decides, below
+  elseif string.find(seen .. '\0', this .. '\0', 1, true) then
+    return {0, 0}  -- a copy of an earlier message under this id
   else
-    redis.call('HSET', accepted, field, seen .. '\0' .. origin)
+    redis.call('HSET', accepted, field, string.sub(seen, 2) .. this)
     if before then
       redis.call('HDEL', accepted, id)
       redis.call('ZREM', accepted_at, id)

@@ -24,7 +24,7 @@ TIMED = {"llm_budget", "llm_adaptive"}
 @pytest.mark.redis
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=[pytest.mark.exclusive] * (n in TIMED)) for n in EXAMPLES]
+    "name", [pytest.param(n, marks=pytest.mark.exclusive if n in TIMED else ()) for n in EXAMPLES]
 )
 def test_example_runs_and_its_checks_pass(name: str) -> None:
     with RedisServer() as server:
