@@ -7,6 +7,7 @@
     python3 dev.py compat    # the Celery tests on the oldest and newest supported releases
     python3 dev.py docs      # the docs site, built strictly (a warning is an error) into site/
     python3 dev.py servers   # the core tables and a two-worker Celery run on every server
+    python3 dev.py faults    # the fault matrix: [--runs N] [--load] [--case NAME] [--logs DIR]
 
 Each command creates a virtual environment (./.venv, or $CELERY_FUNNEL_VENV) on first use
 and installs the project into it with just the extras that command needs.
@@ -193,6 +194,10 @@ def main(argv: list[str]) -> None:
         docs(rest)
     elif command == "servers":
         servers(rest)
+    elif command == "faults":
+        # real servers and workers under real faults, each case --runs times: a table
+        py = ensure("test")
+        sh(py, "-m", "tests.faults.matrix", *rest)
     else:
         sys.exit(__doc__)
 

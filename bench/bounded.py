@@ -25,7 +25,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -57,7 +57,9 @@ def sweep(funnel: RedisFunnel, stale: int) -> str:
             pipe.zadd("b:{sweep}:tickets", {f"t{i}": 1_000_000 + i})  # the old layout
         pipe.execute()
     funnel.throttle(key, 0, 1, 3600)  # full: the next call books
-    return server_ms(funnel.client, lambda: funnel.reserve(key, 0, 1, 3600, ticket="new"))
+    return server_ms(
+        cast(redis.Redis, funnel.client), lambda: funnel.reserve(key, 0, 1, 3600, ticket="new")
+    )
 
 
 def window_server_us(client: redis.Redis, funnel: RedisFunnel, windows: int) -> float:

@@ -36,7 +36,7 @@ import statistics
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -131,7 +131,7 @@ def limiters(funnel: RedisFunnel) -> dict[str, Callable[[], Any]]:
         # the sliding log's limit is bounded (MAX_LOG_LIMIT): the largest, never reached
         "sliding log (~50 entries)": lambda: funnel.sliding_log("b:log", 10_000, 0.01),
         "fixed window + gcra reserve, one script": partial(chain, funnel),
-        **third_party(client),
+        **third_party(cast(redis.Redis, client)),
     }
 
 

@@ -31,7 +31,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 from bench._plot import pyplot, save
-from celery_funnel._gate.fair import DISPATCH_PAUSE_SECONDS, HORIZON_SECONDS
+from celery_funnel._celery.dispatch import DISPATCH_PAUSE_SECONDS, HORIZON_SECONDS
 from celery_funnel._limiter.fair import Fair
 from celery_funnel._stores.fair import FairStore
 from celery_funnel.testing import CeleryWorkers, RedisServer

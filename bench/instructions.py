@@ -95,8 +95,9 @@ def dumped(folder: str, pids: list[int], number: int) -> int:
     return total
 
 
-def per_task(url: str, row: str, pool: str, count: int) -> float:
-    """Instructions per task of one worker draining ``count`` tasks of ``row``."""
+def per_task(url: str, row: str, pool: str, count: int, prefetch: int = 4) -> float:
+    """Instructions per task of one worker draining ``count`` tasks of ``row``, its
+    prefetch multiplier ``prefetch``."""
     task, env = ROWS[row]
     queue, stamp = f"bench-{uuid.uuid4().hex[:8]}", f"stamp-{uuid.uuid4().hex[:8]}"
     app = Celery("bench_control", broker=url)
@@ -105,7 +106,8 @@ def per_task(url: str, row: str, pool: str, count: int) -> float:
     with tempfile.TemporaryDirectory(prefix="celery-funnel-cg-") as folder:
         python = wrapper(folder, sys.executable, "--instr-atstart=no")
         env = {"FUNNEL_BENCH_URL": url, "PYTHONHASHSEED": "0", **env}
-        options = ("-P", pool, "-c", "1", "-Q", f"idle-{queue}")
+        options = ["-P", pool, "-c", "1", "-Q", f"idle-{queue}"]
+        options += ["--prefetch-multiplier", str(prefetch)]
         workers = CeleryWorkers(
             "bench._worker_app", 1, env, *options, cwd=str(ROOT), prefix=f"i{queue}",
             python=python,

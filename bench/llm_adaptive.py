@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The adaptive rate: examples/llm_adaptive.py's 240 calls to a fake LLM API that
+"""The adaptive rate: examples/llm_adaptive.py's 300 calls to a fake LLM API that
 publishes no limits and silently halves its request limit (20/s to 10/s) three
 seconds in, on two prefork workers of 4 processes; with and without ``"adaptive"`` on
 the task's 20/s ``requests`` limit (a 429 halves the rate, a success adds 1/s a
@@ -51,7 +51,7 @@ def main() -> None:
                 "-" if not adaptive else "20 (max)" if rate is None else f"{rate:.1f}",
             ])  # fmt: skip
     print(markdown(
-        "240 calls, 2 workers x 4 processes; the upstream halves 20/s -> 10/s at +3 s, silently",
+        "300 calls, 2 workers x 4 processes; the upstream halves 20/s -> 10/s at +3 s, silently",
         ["run", "429s after halving", "halving -> last 429 s", "halving -> end s",
          "calls/s before", "calls/s after last 429", "calls after last 429",
          "adaptive rate at end /s"], rows,

@@ -32,7 +32,7 @@ from functools import partial
 
 import redis
 
-from bench import accuracy, core, core_async, instructions, memory
+from bench import accuracy, core, core_async, instructions, memory, prefetch
 from bench import celery as celery_bench
 from bench import worker as worker_bench
 from bench._table import spread
@@ -161,6 +161,20 @@ def section_instructions(tasks: int, calls: int) -> tuple[str, Headline]:
     return body, headline
 
 
+def section_prefetch(tasks: int, rounds: int, counted: int) -> tuple[str, Headline]:
+    unpin()
+    with RedisServer() as server:
+        results = prefetch.run(server.url, ["prefork", "threads"], [1, 4], tasks, rounds, counted)
+        body = prefetch.table(results, tasks, rounds, counted, server.version)
+    prefetch.plot(results, PLOTS / "prefetch.png")
+    headline = [
+        ("never-limited FunnelTask / plain task throughput, one worker, prefetch 1 and 4",
+         ", ".join(f"{name} {spread(r)}" for name, r in results.items()),
+         f"at least {prefetch.TARGET}"),
+    ]  # fmt: skip
+    return body + "\n\n![prefetch](bench/plots/prefetch.png)", headline
+
+
 def section_celery(tasks: int, noops: int, rounds: int) -> tuple[str, Headline]:
     with RedisServer() as server:
         correctness = celery_bench.correctness_table(server.url, tasks)
@@ -252,6 +266,8 @@ def main() -> None:
          partial(section_worker, *((300, 1) if quick else (2000, 5)))),
         ("Instructions: per task and per decision", INSTRUCTIONS,
          partial(section_instructions, *((100, 200) if quick else (1000, 1000)))),
+        ("FunnelTask against plain: prefetch 1 and 4", PREFETCH,
+         partial(section_prefetch, *((300, 1, 0) if quick else (1000, 4, 300)))),
         ("Celery: correctness and overhead", CELERY,
          partial(section_celery, *((12, 50, 2) if quick else (40, 300, 16)))),
         ("Distributed accuracy", ACCURACY,
@@ -299,6 +315,12 @@ which do not move with the machine's load: per task, every process of one worker
 decision, what the server runs inside EVALSHA (`evalShaCommand`, the scope that
 `INFO commandstats` times) for each script of the first table. User-space instructions
 only: time in system calls and network waits is not in them."""
+
+PREFETCH = """A plain task and a never-limited FunnelTask of one installed app
+(`bench/prefetch.py`), one worker (`-c 1`) draining no-op tasks sent at once, each
+recording its start with one RPUSH, at `worker_prefetch_multiplier` 1 and 4, prefork
+and threads; the two take turns round by round (the ratio pairs each FunnelTask round
+with the plain round beside it), and callgrind counts every process of the worker."""
 
 CELERY = """Real `celery worker` processes on a private Redis broker. Correctness: every task
 is accounted for (none lost, none run twice) and the limit holds. Overhead: no-op tasks

@@ -61,14 +61,15 @@ def fill(url: str, queue: str, task: str, count: int, stamp: str) -> None:
     app.close()
 
 
-def one_round(url: str, row: str, pool: str, count: int) -> float:
-    """Tasks/s of one worker process over ``count`` pre-filled tasks."""
+def one_round(url: str, row: str, pool: str, count: int, prefetch: int = 4) -> float:
+    """Tasks/s of one worker process over ``count`` pre-filled tasks, its prefetch
+    multiplier ``prefetch`` (Celery's default: 4)."""
     task, env = ROWS[row]
     queue, stamp = f"bench-{uuid.uuid4().hex[:8]}", f"stamp-{uuid.uuid4().hex[:8]}"
     fill(url, queue, task, count, stamp)
     client = redis.Redis.from_url(url)
     env = {"FUNNEL_BENCH_URL": url, **env}
-    options = ("-P", pool, "-c", "1", "-Q", queue)
+    options = ("-P", pool, "-c", "1", "-Q", queue, "--prefetch-multiplier", str(prefetch))
     with CeleryWorkers("bench._worker_app", 1, env, *options, cwd=str(ROOT), prefix="b"):
         deadline = time.monotonic() + 600
         while client.llen(stamp) < 2 and time.monotonic() < deadline:

@@ -25,25 +25,31 @@ def install(app: Any) -> Any:
     dashboard's counts; checks the ``funnel_*`` options of each later ``@app.task(...)``
     call as it is made (``ConfigurationError`` raised from the decorator line); keeps
     the gate's header out of the messages a run sends (``_celery.outgoing``); masks
-    the funnels' Redis password in ``inspect conf``; and adds ``inspect funnel_waiting``
-    (``_celery.waiting``). Settings are read when first needed, so ``app.conf`` may be
-    filled in after this call.
+    the funnels' Redis password in ``inspect conf``; adds ``inspect funnel_waiting``
+    (``_celery.waiting``) and the task ``celery_funnel.follow`` (what a unique task's
+    follower completes as, ``_gate.follow``). Settings are read when first needed, so
+    ``app.conf`` may be filled in after this call.
     """
-    from ._celery.releaser import ReleaserStep  # noqa: PLC0415
+    # imported here, not at the top: the worker's side (the gate, the live thread and
+    # what they use) is loaded only by an app that installs, never by a mere import
+    from ._celery.follow import register as register_follow  # noqa: PLC0415
     from ._celery.waiting import register as register_waiting  # noqa: PLC0415
-    from ._celery.worker import FunnelGate  # noqa: PLC0415
-    from ._ops.live import LiveStep  # noqa: PLC0415 - celery.bootsteps only when installing
+    from ._celery.worker import FunnelGate, ReleaserStep  # noqa: PLC0415
+    from ._ops.live import LiveStep  # noqa: PLC0415
+    from ._ops.summary import SummaryStep  # noqa: PLC0415
 
     runtime = runtime_for(app)
     if not runtime.installed:
         app.steps["consumer"].add(FunnelGate)
         app.steps["consumer"].add(ReleaserStep)
         app.steps["consumer"].add(LiveStep)
+        app.steps["consumer"].add(SummaryStep)
         signals.celeryd_init.connect(_on_worker_init, weak=False)
         _outgoing.connect()
         _backlog.connect()
         mask_conf()
         register_waiting()  # celery inspect funnel_waiting
+        register_follow(app)  # what followers of unique tasks complete as
         check_definitions(app)
         runtime.installed = True
     return app

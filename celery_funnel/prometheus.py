@@ -1,4 +1,4 @@
-"""Prometheus metrics for celery-funnel (``pip install celery-funnel[prometheus]``).
+"""Prometheus metrics for celery-funnel (its extra: ``pip install '.[prometheus]'``).
 
 Call ``enable()`` once where the app is defined; the worker's processes then count
 every decision. Expose them as for any Prometheus client: ``start_http_server(port)``
@@ -13,7 +13,9 @@ limit, or both joined by ``+`` for a run decided over both; never the per-custom
 key, so the label stays small):
 
 - ``celery_funnel_admitted_total{funnel}``: tasks that passed their funnel;
-- ``celery_funnel_deferred_total{funnel,dry_run}``: tasks made to wait;
+- ``celery_funnel_deferred_total{funnel,dry_run,how}``: deferrals, not tasks (a task
+  made to wait three times counts three); ``how`` it waits: ``held`` in the worker,
+  ``parked`` in the funnels' Redis, ``republished`` to the broker with a countdown;
 - ``celery_funnel_failed_total{funnel,reason}``: tasks the funnel failed (reason: the
   exception class);
 - ``celery_funnel_deferral_delay_seconds{funnel}``: histogram of the waits;
@@ -29,23 +31,42 @@ key, so the label stays small):
   own (kind ``unique``: the key was held; ``debounce``: they joined a waiting run);
 - ``celery_funnel_dropped_total{funnel}``: unique tasks a worker dropped (their key was
   held by another task).
+- ``celery_funnel_waiting{queue,how}``: tasks waiting on a funnel, per queue (the routing
+  key their message came by): ``held`` in this worker, ``republished`` (held by Celery
+  as an ETA task in this worker), ``parked`` in the funnels' Redis (the cluster's: every
+  worker shows the same count; a waiter for a concurrency seat is parked too). An
+  autoscaling signal: the broker's queue length counts held and republished tasks as
+  un-acked messages, which no new worker can run (docs/operations.md, "Autoscaling").
 
-``celery_funnel_override`` and ``celery_funnel_parked`` are read by each worker's live
-thread about twice a second.
+``celery_funnel_override``, ``celery_funnel_parked`` and ``celery_funnel_waiting`` are
+read by each worker's live thread about twice a second (``parked`` by queue at most every
+5 s).
+
+The gauges (``backend_up``, ``override``, ``parked``, ``waiting``) are the worker's own: only the
+process that called ``enable()`` (a worker's main process, where the worker gate decides)
+sets them, in multiprocess mode ``livemostrecent``, so that the zeros a prefork pool
+process leaves for every metric once it counts anything never show (they carry no time,
+and the most recent value wins). The multiprocess mode cannot remove a series: there, a
+funnel with nothing parked any more reads 0, and an ended override reads NaN (``paused``
+reads 0).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import signals
+from ._limiter.words import missing_extra
 
 try:
     from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "celery_funnel.prometheus needs prometheus_client: pip install 'celery-funnel[prometheus]'"
+        missing_extra("celery_funnel.prometheus", "prometheus_client", "prometheus-client")
     ) from exc
 
 __all__ = ["Metrics", "enable"]
@@ -68,6 +89,16 @@ class Metrics:
     settled: Counter
     collapsed: Counter
     dropped: Counter
+    waiting: Gauge
+    # the process that sets the gauges (``enable``'s), and the series set so far there
+    pid: int = field(default_factory=os.getpid)
+    _seen: dict[str, set[tuple[str, ...]]] = field(
+        default_factory=lambda: {"override": set(), "parked": set(), "waiting": set()}
+    )
+
+    def _owns_gauges(self) -> bool:
+        """Whether this process sets the gauges: not a pool process forked since."""
+        return os.getpid() == self.pid
 
     def _receivers(self) -> list[tuple[Any, Any]]:
         return [
@@ -106,7 +137,8 @@ class Metrics:
     def _on_deferred(
         self, sender: Any = None, funnel: str = "", delay: float = 0.0, **kw: Any
     ) -> None:
-        self.deferred.labels(funnel=funnel, dry_run=str(bool(kw.get("dry_run"))).lower()).inc()
+        dry_run, how = str(bool(kw.get("dry_run"))).lower(), str(kw.get("how") or "held")
+        self.deferred.labels(funnel=funnel, dry_run=dry_run, how=how).inc()
         self.delay.labels(funnel=funnel).observe(delay)
 
     def _on_refused(
@@ -122,15 +154,24 @@ class Metrics:
 
     def _on_backend_error(self, sender: Any = None, **_: Any) -> None:
         self.backend_errors.inc()
-        self.backend_up.set(0)
+        if self._owns_gauges():
+            self.backend_up.set(0)
 
     def _on_backend_recovered(self, sender: Any = None, **_: Any) -> None:
-        self.backend_up.set(1)
+        if self._owns_gauges():
+            self.backend_up.set(1)
 
     def _on_live_refreshed(
-        self, sender: Any = None, overrides: Any = None, parked: Any = None, **_: Any
+        self,
+        sender: Any = None,
+        overrides: Any = None,
+        parked: Any = None,
+        queues: Callable[[], dict[tuple[str, str], int]] | None = None,
+        **_: Any,
     ) -> None:
-        self.override.clear()  # an ended override leaves no series behind
+        if not self._owns_gauges():
+            return
+        now: dict[tuple[str, ...], float] = {}
         for name, entry in (overrides or {}).items():
             values = {
                 "rate": None if entry.rate is None else entry.rate.per_second,
@@ -138,15 +179,52 @@ class Metrics:
                 "concurrency": entry.concurrency,
                 "paused": 1 if entry.paused else None,
             }
-            for field, value in values.items():
+            for part, value in values.items():
                 if value is not None:
-                    self.override.labels(funnel=name, field=field).set(value)
-        self.parked.clear()
-        for label, count in (parked or {}).items():
-            self.parked.labels(funnel=label).set(count)
+                    now[(name, part)] = value
+        # an ended override leaves no series behind (multiprocess: NaN, paused 0)
+        self._publish(
+            "override", self.override, now, lambda key: 0 if key[1] == "paused" else math.nan
+        )
+        counts: dict[tuple[str, ...], float] = {
+            (label,): count for label, count in (parked or {}).items()
+        }
+        self._publish("parked", self.parked, counts, lambda key: 0)  # nothing parked: 0
+        if queues is not None:
+            waiting: dict[tuple[str, ...], float] = {
+                key: float(n) for key, n in queues().items() if n
+            }
+            self._publish("waiting", self.waiting, waiting, lambda key: 0)  # none: 0
+
+    def _publish(
+        self,
+        name: str,
+        gauge: Gauge,
+        values: dict[tuple[str, ...], float],
+        gone: Callable[[tuple[str, ...]], float],
+    ) -> None:
+        """Set ``gauge``'s series to ``values`` (label values -> value); a series set
+        before and absent now is removed, or, in multiprocess mode (which cannot remove
+        one), set to ``gone(label values)``."""
+        seen = self._seen[name]
+        if _multiprocess():
+            for key in seen - set(values):
+                gauge.labels(*key).set(gone(key))
+        else:
+            gauge.clear()
+        for key, value in values.items():
+            gauge.labels(*key).set(value)
+        seen |= set(values)
 
 
 _enabled: dict[int, Metrics] = {}
+
+
+def _multiprocess() -> bool:
+    """Whether prometheus_client runs in its multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``)."""
+    return any(
+        name in os.environ for name in ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir")
+    )
 
 
 def enable(registry: CollectorRegistry | None = None) -> Metrics:
@@ -157,16 +235,25 @@ def enable(registry: CollectorRegistry | None = None) -> Metrics:
     if id(registry) in _enabled:
         return _enabled[id(registry)]
     prefix = "celery_funnel_"
+
+    def counter(name: str, doc: str, *labels: str) -> Counter:
+        return Counter(prefix + name, doc, list(labels), registry=registry)
+
+    def gauge(name: str, doc: str, *labels: str) -> Gauge:
+        # set by the enabling process only: a pool process's zeros never show
+        return Gauge(
+            prefix + name, doc, list(labels), registry=registry,
+            multiprocess_mode="livemostrecent",
+        )  # fmt: skip
+
     metrics = Metrics(
-        admitted=Counter(
-            prefix + "admitted", "Tasks that passed their funnel", ["funnel"], registry=registry
+        admitted=counter("admitted", "Tasks that passed their funnel", "funnel"),
+        deferred=counter(
+            "deferred",
+            "Deferrals (not tasks: a task made to wait 3 times counts 3), by how it waits",
+            *("funnel", "dry_run", "how"),
         ),
-        deferred=Counter(
-            prefix + "deferred", "Tasks made to wait", ["funnel", "dry_run"], registry=registry
-        ),
-        failed=Counter(
-            prefix + "failed", "Tasks the funnel failed", ["funnel", "reason"], registry=registry
-        ),
+        failed=counter("failed", "Tasks the funnel failed", "funnel", "reason"),
         delay=Histogram(
             prefix + "deferral_delay_seconds",
             "Waits of deferred tasks, seconds",
@@ -174,46 +261,36 @@ def enable(registry: CollectorRegistry | None = None) -> Metrics:
             buckets=DELAY_BUCKETS,
             registry=registry,
         ),
-        backend_errors=Counter(
-            prefix + "backend_errors", "Failed calls to the funnel's Redis", registry=registry
+        backend_errors=counter("backend_errors", "Failed calls to the funnel's Redis"),
+        backend_up=gauge(
+            "backend_up", "0 while the funnel's Redis fails, else 1 (the worker's main process)"
         ),
-        backend_up=Gauge(
-            prefix + "backend_up",
-            "0 while the funnel's Redis fails",
-            registry=registry,
-            multiprocess_mode="min",
-        ),
-        override=Gauge(
-            prefix + "override",
+        override=gauge(
+            "override",
             "Runtime overrides in force (rate per second, capacity, concurrency, paused)",
-            ["funnel", "field"],
-            registry=registry,
-            multiprocess_mode="max",
+            "funnel",
+            "field",
         ),
-        parked=Gauge(
-            prefix + "parked",
-            "Tasks parked in the funnels' Redis",
-            ["funnel"],
-            registry=registry,
-            multiprocess_mode="max",
-        ),
-        settled=Counter(
-            prefix + "settled_units",
+        parked=gauge("parked", "Tasks parked in the funnels' Redis now", "funnel"),
+        settled=counter(
+            "settled_units",
             "Units given back (direction back) or charged on top (extra) by funnel_settle",
-            ["funnel", "limit", "direction"],
-            registry=registry,
+            *("funnel", "limit", "direction"),
         ),
-        collapsed=Counter(
-            prefix + "collapsed",
+        collapsed=counter(
+            "collapsed",
             "Sends that published no task of their own (unique, debounce)",
-            ["funnel", "kind"],
-            registry=registry,
+            *("funnel", "kind"),
         ),
-        dropped=Counter(
-            prefix + "dropped",
-            "Unique tasks dropped by a worker (their key was held)",
-            ["funnel"],
-            registry=registry,
+        dropped=counter(
+            "dropped", "Unique tasks dropped by a worker (their key was held)", "funnel"
+        ),
+        waiting=gauge(
+            "waiting",
+            "Tasks waiting on a funnel now, per queue and how (held, republished: in this"
+            " worker; parked: in the funnels' Redis, the same on every worker)",
+            "queue",
+            "how",
         ),
     )
     metrics.backend_up.set(1)

@@ -79,8 +79,10 @@ backend_error = Signal(name="backend_error", providing_args={"error", "policy", 
 backend_recovered = Signal(name="backend_recovered", providing_args={"downtime"})
 """The funnel's Redis answers again after an outage of ``downtime`` seconds (float)."""
 
-live_refreshed = Signal(name="live_refreshed", providing_args={"overrides", "parked"})
+live_refreshed = Signal(name="live_refreshed", providing_args={"overrides", "parked", "queues"})
 """A worker's live thread read the overrides and the parked counts (about twice a
 second; the sender is the worker's node name): ``overrides`` maps funnel names to
 ``control.Override``s in force, ``parked`` funnel labels to how many tasks they hold
-parked."""
+parked; ``queues()``, called by a receiver that wants it, maps (queue, how) to the tasks
+waiting on a funnel: ``held`` and ``republished`` in this worker, ``parked`` in the
+funnels' Redis (every worker's; read at most every 5 s)."""

@@ -3,13 +3,16 @@
     python examples/llm_adaptive.py
 
 The upstream (``celery_funnel.testing.MeteredUpstream`` with ``publish=False``: no
-rate-limit header, not even ``Retry-After``) allows 20 requests/s (a bucket of 5), and
-silently drops to 10/s three seconds into the run. The task's ``requests`` limit is
+rate-limit header, not even ``Retry-After``) allows 20 requests/s with a bucket of 10,
+twice the funnel's capacity (so the scheduling jitter between the gate's decision and
+the call's arrival draws no 429 before the halving), and silently drops to 10/s with a
+bucket of 5 three seconds into the run. The task's ``requests`` limit is
 20/s with ``"adaptive"``: each 429 (``funnel_feedback(..., status=429)``) lowers the
 rate for every worker (halved, at most once a second), each success lets it climb
 back by 1/s a second, but not up to the rate that drew the last 429: the 429s stop.
 A refused call is deferred and runs again: every call reaches the upstream once with
-a 200. Two workers with 4 processes each run 240 calls.
+a 200. Two workers with 4 processes each run 300 calls: time for the
+few 429s the halving draws, and then for 80 calls and more without one.
 
 ``LLM_ADAPTIVE=0`` runs without the adaptive mode (each 429 still holds the funnel
 for a second); ``LLM_SUMMARY`` names a file to write what the upstream saw (JSON), for
@@ -36,8 +39,9 @@ app = install(Celery("llm_adaptive", broker=redis_url(), backend=redis_url()))
 app.conf.funnel_redis_url = redis_url()
 UPSTREAM = os.environ.get("UPSTREAM_URL", "http://127.0.0.1:0")
 ADAPTIVE = os.environ.get("LLM_ADAPTIVE", "1") == "1"
-CALLS = 240
+CALLS = 300
 BEFORE, AFTER, HALVE_AFTER = 20.0, 10.0, 3.0  # requests/s; seconds after the first call
+BURST_BEFORE, BURST_AFTER = 10.0, 5.0  # the upstream's bucket, requests
 
 REQUESTS: dict[str, Any] = {"name": "requests", "rate": "20/s", "capacity": 5}
 if ADAPTIVE:  # 429: rate x 0.5 (at most once a second); success: +1/s a second
@@ -66,7 +70,7 @@ def halve(upstream: MeteredUpstream, done: dict[str, float]) -> None:
     while not upstream.calls:
         time.sleep(0.01)
     time.sleep(max(upstream.calls[0][0] + HALVE_AFTER - time.time(), 0.0))
-    upstream.set_limit("requests", AFTER, 5.0)
+    upstream.set_limit("requests", AFTER, BURST_AFTER)
     done["halved_at"] = time.time()
 
 
@@ -124,7 +128,7 @@ def produce(upstream: MeteredUpstream) -> None:
 if __name__ == "__main__":
     if "REDIS_URL" in os.environ and "UPSTREAM_URL" not in os.environ:
         quiet = MeteredUpstream(
-            requests=BEFORE, request_burst=5, tokens=1e9, token_burst=1e9, publish=False
+            requests=BEFORE, request_burst=BURST_BEFORE, tokens=1e9, token_burst=1e9, publish=False
         )
         with quiet as fake:
             # the workers (started by run) read the upstream's address from the environment

@@ -2,26 +2,54 @@
 arguments, expected answer). The expectations are worked out by hand from each
 algorithm's definition (GCRA's from redis-cell's own test table), never by the code.
 
+A step's method is a ``Funnel`` method's name, or an operation (a ``scripts.Op``
+class, built as ``op(key, **arguments)``) answered through ``Funnel.decide``: a limiter
+kind with no method of its own (docs/architecture.md, "Recipe: add a limiter kind")
+adds its table here and every table test runs it.
+
 Decision rows are (limited, limit, remaining, retry_after, reset_after, granted);
 Reservation rows are (admitted, delay, booked, limit, reset_after, stale).
 """
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
+
+from celery_funnel._limiter.strategies.allowance import AllowanceOp
 
 T0 = 1_700_000_000  # divisible by every window length below, so windows align on it
 
-Row = tuple[float, str, dict[str, Any], tuple[Any, ...]]
+Method = str | Callable[..., Any]  # a Funnel method's name, or a scripts.Op class
+Row = tuple[float, Method, dict[str, Any], tuple[Any, ...]]
 
 
-def rows(table: str) -> list[tuple[str, str, dict[str, Any], tuple[Any, ...]]]:
-    """``table``'s steps as (label, method, arguments with ``now``, expected answer)."""
+def rows(
+    table: str, steps: Sequence[Row] | None = None
+) -> list[tuple[str, Method, dict[str, Any], tuple[Any, ...]]]:
+    """``table``'s steps (or ``steps``, named ``table``) as (label, method, arguments
+    with ``now``, expected answer)."""
     return [
-        (f"{table} step {n}: {method}({kwargs}) at +{offset}s", method,
-         {**kwargs, "now": T0 + offset}, expected)
-        for n, (offset, method, kwargs, expected) in enumerate(TABLES[table])
+        (f"{table} step {n}: {getattr(method, '__name__', method)}({kwargs}) at +{offset}s",
+         method, {**kwargs, "now": T0 + offset}, expected)
+        for n, (offset, method, kwargs, expected) in enumerate(
+            TABLES[table] if steps is None else steps
+        )
     ]  # fmt: skip
+
+
+def play(funnel: Any, key: str, method: Method, kwargs: dict[str, Any]) -> Any:
+    """One step on ``funnel`` (a ``Funnel`` or an ``AsyncRedisFunnel``: then awaitable):
+    its method by name, or the operation ``method(key, **kwargs)`` through ``decide``."""
+    if isinstance(method, str):
+        return getattr(funnel, method)(key, **kwargs)
+    answers = funnel.decide([method(key, **kwargs)])
+    return _first(answers) if inspect.isawaitable(answers) else answers[0]
+
+
+async def _first(answers: Awaitable[list[Any]]) -> Any:
+    return (await answers)[0]
 
 
 def answer_row(answer: Any) -> tuple[Any, ...]:
@@ -324,3 +352,25 @@ ADAPT_FALLING: list[Row] = [
     (5, "adapt", _falling(False), (0.235292, False)),
 ]
 TABLES["adapt-falling"] = ADAPT_FALLING
+
+
+# allowance: 100/s (T = 0.01 s), capacity 10 (tau = 0.1 s). k units are taken when the
+# TAT after them is at most tau / 2 ahead; else one run is decided as reserve's step
+# (admitted, or booked). A row's answer is (units taken, delay, booked, reset_after).
+def _allowance(k: int, ticket: str) -> dict[str, Any]:
+    return {"max_burst": 9, "count": 100, "period": 1, "k": k, "ticket": ticket}
+
+
+ALLOWANCE: list[Row] = [
+    (0, AllowanceOp, _allowance(5, "a"), (5, 0.0, False, 0.05)),  # exactly half free after
+    (0, AllowanceOp, _allowance(5, "b"), (1, 0.0, False, 0.06)),  # past half: one run
+    (0.06, AllowanceOp, _allowance(5, "c"), (5, 0.0, False, 0.05)),  # drained: 5 again
+    (0.06, AllowanceOp, _allowance(2, "d"), (1, 0.0, False, 0.06)),  # 0.07 > half: one
+    (0.06, AllowanceOp, _allowance(1, "e"), (1, 0.0, False, 0.07)),  # k = 1: reserve's step
+    (0.06, AllowanceOp, _allowance(9, "f"), (1, 0.0, False, 0.08)),
+    (0.06, AllowanceOp, _allowance(9, "g"), (1, 0.0, False, 0.09)),
+    (0.06, AllowanceOp, _allowance(9, "h"), (1, 0.0, False, 0.1)),  # the funnel is full
+    (0.06, AllowanceOp, _allowance(9, "i"), (0, 0.01, True, 0.11)),  # booked, as reserve
+    (1, AllowanceOp, _allowance(64, "j"), (1, 0.0, False, 0.01)),  # more than tau: one
+]
+TABLES["allowance"] = ALLOWANCE

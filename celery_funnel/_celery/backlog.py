@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from celery import signals
+from celery._state import get_current_worker_task
 from kombu.serialization import loads
 
 from .._config.options import max_waiting_of, option_of, task_name
@@ -31,7 +32,9 @@ def _funnel(task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
 
 def enter(task: Any, args: Any, kwargs: Any, options: dict[str, Any]) -> None:
     """Count the task about to be sent (its id set in ``options`` when it has none).
-    The gate's own publishes of a task already counted pass.
+    The gate's own publishes of a task already counted pass; a send of the running
+    task's own id (a retry, ``autoretry_for``, a replacement) is counted again without
+    the bound: work accepted once is never refused.
 
     Raises:
         TooManyWaitingError: the funnel's backlog is full (nothing is counted).
@@ -41,14 +44,12 @@ def enter(task: Any, args: Any, kwargs: Any, options: dict[str, Any]) -> None:
     if most is None or gate_publishes():
         return
     task_id = options.setdefault("task_id", str(uuid.uuid4()))
-    entered, waiting = runtime_for(task.app).backlog.enter(
-        _funnel(task, args or (), kwargs or {}), task_id, most
-    )
+    running = get_current_worker_task()
+    accepted = running is not None and running.request.id == task_id
+    funnel = _funnel(task, args or (), kwargs or {})
+    entered, waiting = runtime_for(task.app).backlog.enter(funnel, task_id, most, force=accepted)
     if not entered:
-        raise TooManyWaitingError(
-            f"task {task_name(task)!r}: {waiting} tasks of its funnel wait to start"
-            f" (funnel_max_waiting={most}): send again once they have"
-        )
+        raise TooManyWaitingError(waiting, most, funnel, task_name(task))
 
 
 def leave(task: Any, task_id: str, args: Any, kwargs: Any) -> None:

@@ -9,6 +9,9 @@
   ``funnel_redis_url``.
 - A worker (``celery worker`` or in-process) of an app that uses celery-funnel but
   never called ``install(app)`` stops at start (``worker_init``, see ``_install``).
+- Where no task may be parked, a task with ``funnel_fair_by`` stops the worker at
+  start (``check_fair``): fair share needs parking, and is never silently an ordinary
+  funnel.
 - A ``celery worker`` stopped by a mistake says it in one line (``refuse_start``).
 """
 
@@ -39,9 +42,12 @@ from .._config.settings import setting_name
 from .._gate.charges import matching
 from .._limiter.errors import ConfigurationError
 from .._limiter.limit import Limit
+from .._stores.persistence import Rule
 from .task import FunnelTask
 
-__all__ = ["NotInstalled", "check_app", "check_definitions", "refuse_start", "uses_funnel"]
+__all__ = [
+    "NotInstalled", "check_app", "check_definitions", "check_fair", "refuse_start", "uses_funnel",
+]  # fmt: skip
 
 logger = logging.getLogger("celery_funnel")
 
@@ -202,6 +208,33 @@ def check_app(app: Any) -> None:
     if errors:
         listed = "\n".join(f"  - {error}" for error in errors)
         raise ConfigurationError(f"{len(errors)} celery-funnel configuration errors:\n{listed}")
+
+
+def check_fair(app: Any, park: bool | str, rule: Rule | None) -> None:
+    """Fair share queues each tenant's waiting tasks parked in the funnels' Redis: where
+    no task may be parked there (``funnel_park=False``, or ``rule`` refuses: no
+    append-only file and not the broker's own Redis server), a task with
+    ``funnel_fair_by`` stops the worker at start rather than run as an ordinary funnel.
+    ``rule`` None (not known now: the funnels' Redis does not answer) lets it start.
+
+    Raises:
+        ConfigurationError: naming the first such task and why, in one line.
+    """
+    if park and rule is not Rule.NONE:
+        return
+    for task in list(app.tasks.values()):
+        if isinstance(task, FunnelTask) and any(lim.fair_by is not None for lim in limits_of(task)):
+            why = (
+                "funnel_park=False"
+                if not park
+                else f"{Rule.NONE.value} (a restart would lose the parked tasks)"
+            )
+            raise ConfigurationError(
+                f"task {task.name!r}: funnel_fair_by queues each tenant's waiting tasks"
+                f" parked in the funnels' Redis, and none may be parked there: {why}; it would"
+                f" act as an ordinary funnel: turn on 'appendonly yes' there, keep the"
+                f" funnels on the broker's Redis, or drop funnel_fair_by"
+            )
 
 
 def refuse_start(consumer: Any, error: ConfigurationError) -> None:

@@ -42,6 +42,7 @@ class Loop:
 
     def __init__(self) -> None:
         self._stopped = threading.Event()
+        self._woken = threading.Event()  # set by stop() and wake(): the pause ends
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._failing = False
 
@@ -50,8 +51,14 @@ class Loop:
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stopped.set()
+        self._woken.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
+
+    def wake(self) -> None:
+        """Run the next pass now instead of at the end of the pause (a funnel resumed:
+        its parked tasks are due at once)."""
+        self._woken.set()
 
     def tick(self) -> float:
         raise NotImplementedError
@@ -64,7 +71,11 @@ class Loop:
 
     def _run(self) -> None:
         pause = 0.0
-        while not self._stopped.wait(pause):
+        while True:
+            self._woken.wait(pause)
+            if self._stopped.is_set():
+                return
+            self._woken.clear()
             try:
                 pause = self.tick()
             except Exception as exc:  # tried again after a pause

@@ -12,7 +12,7 @@ tasks sent from a body get no headers from the run). User code may copy them too
 Every publish goes through ``amqp.send_task_message``, which sends
 ``before_task_publish`` with the very headers it then publishes, in the process that
 publishes: there, a message published inside a run loses the header unless the gate
-is the publisher (``_gate_publishes``).
+is the publisher (``_gate.publish.gate_publishes``).
 
 One field outlives its run: a message of the run's own task id (a retry, a replacement)
 that a gate may park gets the token of the parked release the run came from, and
@@ -32,6 +32,7 @@ from celery._state import get_current_worker_task
 from .._config.options import concurrency_of, limits_of
 from .._config.runtime import runtime_for
 from .._gate.charges import matching
+from .._gate.follow import FOLLOWS
 from .._gate.publish import gate_publishes
 from .._gate.state import HEADER
 
@@ -48,6 +49,8 @@ def _on_before_publish(sender: Any = None, headers: Any = None, **_: Any) -> Non
     if (HEADER not in headers and not own_id) or not runtime_for(task.app).installed:
         return  # most messages
     headers.pop(HEADER, None)
+    if own_id:  # a retry of a follower that runs its own body follows nothing
+        headers.pop(FOLLOWS, None)
     release = _lineage(task, str(headers.get("task") or sender)) if own_id else ""
     if release:
         headers[HEADER] = {"release": release}

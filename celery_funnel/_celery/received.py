@@ -1,4 +1,5 @@
-"""One ``task-received`` event per task, as Celery users count them.
+"""One ``task-received`` event per task, as Celery users count them; and the receipt
+time of every message, which the gate's deadlines count from (``_gate.delivery``).
 
 A task the gate parks or publishes again comes back as a new broker message, and
 Celery's strategy (``celery.worker.strategy.default``) sends ``task-received`` for
@@ -17,9 +18,11 @@ its strategies, and each strategy is wrapped to name the message it handles.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
+from .._gate.delivery import RECEIVED_AT
 from .._gate.state import HEADER
 
 __all__ = ["ReceivedOnce"]
@@ -29,8 +32,9 @@ RECEIVED = "task-received"
 
 class ReceivedOnce:
     """Installs itself on ``consumer``: wraps ``update_strategies`` (called by Celery's
-    ``Tasks`` bootstep at each connection) so that the strategies it builds send no
-    ``task-received`` for a task the gate published again."""
+    ``Tasks`` bootstep at each connection) so that the strategies it builds stamp each
+    message with its receipt time and send no ``task-received`` for a task the gate
+    published again."""
 
     def __init__(self, consumer: Any) -> None:
         self.consumer = consumer
@@ -59,6 +63,8 @@ class ReceivedOnce:
 
     def _named(self, strategy: Callable[..., Any]) -> Callable[..., Any]:
         def named(message: Any, *args: Any, **kwargs: Any) -> Any:
+            # the broker counts its redelivery limit from now (an ETA message included)
+            setattr(message, RECEIVED_AT, time.monotonic())
             headers = getattr(message, "headers", None) or {}
             if HEADER not in headers:  # most messages: a task's first delivery
                 return strategy(message, *args, **kwargs)

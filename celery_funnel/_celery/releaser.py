@@ -1,13 +1,17 @@
 """The releaser: every worker publishes the parked tasks that are due (a consumer bootstep
 running one thread in the worker's main process; no leader, nothing else to deploy).
 
-Each pass claims the entries due within ``lead`` seconds, with a lease, publishes each to
-its original exchange and routing key with the release token in its ``celery_funnel``
-header, and forgets it. A revoked task is dropped instead. An entry whose releaser died
-before forgetting it is claimed again once its lease runs out; the worker gate runs only
-the first copy of a release it sees (``ParkStore.accept``). Each pass first hands the
-free slots of fair-share funnels to their waiting tasks (``_fair_gate.Dispatcher``),
-which makes those entries due.
+Each pass claims the entries due within ``lead`` seconds, with a lease, and publishes
+each to its original exchange and routing key with the release's token in its
+``celery_funnel`` header. A revoked task is dropped instead, in the first pass after the
+worker sees its revoke (``_celery.revoked``), whatever its release time. The entry stays
+until a worker accepts a copy of its release (``_stores.copies``): a copy lost on its
+way (its releaser died before publishing, or the worker that took it from the queue died
+before the broker recorded the delivery) is published again once the lease runs out, and
+the worker gate runs only the first copy accepted. Each pass first hands the free slots
+of fair-share funnels to their waiting tasks (``_celery.dispatch.Dispatcher``, handed to
+it where a task has a fair funnel), which makes those entries due. The releaser is
+composed by ``_celery.services`` and run by ``_celery.worker.ReleaserStep``.
 """
 
 from __future__ import annotations
@@ -20,27 +24,28 @@ from celery.worker import state as worker_state
 
 from .._config.options import limits_of
 from .._config.runtime import runtime_for
-from .._gate.fair import Dispatcher
-from .._gate.publish import publish
-from .._stores.fair import FairStore
+from .._stores.copies import KEEP_SECONDS
 from .._stores.park import ParkStore, Release
 from . import backlog, unique
-from .loop import Loop, LoopStep, log_failure
+from .dispatch import Dispatcher
+from .loop import Loop, log_failure
+from .release import publish
+from .revoked import NewlyRevoked
 
-__all__ = ["Releaser", "ReleaserStep", "park_store"]
+__all__ = ["Releaser", "announce_revoked", "has_fair_funnel", "park_store"]
 
 logger = logging.getLogger("celery_funnel")
 
 LEAD_SECONDS = 1.0  # released this early: the gate holds an early arrival to its slot
 LEASE_SECONDS = 30.0  # funnel_park_lease: a releaser dying mid-release is replaced then
 BATCH = 100  # entries claimed per pass
-KEEP_SECONDS = 3600.0  # acceptance records, against copies of a release published twice
 IDLE_SECONDS = 1.0  # the longest pause between two passes
 ERROR_PAUSE_SECONDS = 2.0
 
 
 class Releaser(Loop):
-    """Releases the app's due parked tasks from ``store`` until ``stop()``."""
+    """Releases the app's due parked tasks from ``store`` until ``stop()``; each pass
+    first runs ``dispatcher`` (None: the app has no fair funnel)."""
 
     name = "celery-funnel-releaser"
     error_pause = ERROR_PAUSE_SECONDS
@@ -52,15 +57,13 @@ class Releaser(Loop):
         lease: float = LEASE_SECONDS,
         lead: float = LEAD_SECONDS,
         revoked: Callable[[str], None] | None = None,
+        dispatcher: Dispatcher | None = None,
     ) -> None:
         super().__init__()
         self.app, self.store, self.lease, self.lead = app, store, lease, lead
         self.revoked = revoked  # sends the task-revoked event of a dropped task
-        runtime = runtime_for(app)
-        prefix = runtime.settings.key_prefix
-        # only an app with a fair-share funnel dispatches: others release as before
-        fair = _has_fair_funnel(app)
-        self.dispatcher = Dispatcher(FairStore(store.client, prefix)) if fair else None
+        self.dispatcher = dispatcher
+        self.newly_revoked = NewlyRevoked()
 
     def failed(self, error: Exception) -> None:
         log_failure("releasing parked tasks", error)
@@ -83,6 +86,9 @@ class Releaser(Loop):
 
     def tick(self) -> float:
         """One pass; how long to pause before the next (seconds)."""
+        revoked = self.newly_revoked.take()
+        if revoked:  # due now, dropped below; should this fail, dropped at release time
+            self.store.make_due(revoked)
         fair = self.dispatcher.tick() if self.dispatcher is not None else None
         pause = self._release()
         return pause if fair is None else min(pause, fair)
@@ -94,7 +100,6 @@ class Releaser(Loop):
                 self._drop(release)
                 continue
             publish(self.app, release)
-            self.store.done(release)
         if len(releases) == BATCH:
             return 0.0
         if following < 0:
@@ -102,7 +107,7 @@ class Releaser(Loop):
         return min(max(following - self.lead - now, 0.01), IDLE_SECONDS)
 
 
-def _has_fair_funnel(app: Any) -> bool:
+def has_fair_funnel(app: Any) -> bool:
     """Whether a task of ``app`` has a fair-share funnel (``funnel_fair_by``)."""
     for task in list(app.tasks.values()):
         try:
@@ -118,20 +123,7 @@ def park_store(app: Any) -> ParkStore | None:
     runtime = runtime_for(app)
     if not runtime.settings.park or not runtime.settings.redis_url:
         return None
-    return ParkStore(runtime.funnel.client, runtime.settings.key_prefix)  # type: ignore[attr-defined]
-
-
-class ReleaserStep(LoopStep):
-    """Consumer bootstep: runs a ``Releaser`` while the consumer runs (parking on)."""
-
-    label = "celery-funnel releaser"
-
-    def make(self, consumer: Any) -> Releaser | None:
-        store = park_store(consumer.app)
-        if store is None:
-            return None
-        lease = runtime_for(consumer.app).settings.park_lease
-        return Releaser(consumer.app, store, lease, revoked=lambda i: announce_revoked(consumer, i))
+    return ParkStore(runtime.funnel.client, runtime.settings.key_prefix)
 
 
 def announce_revoked(consumer: Any, task_id: str) -> None:

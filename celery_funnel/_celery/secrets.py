@@ -3,13 +3,16 @@
 
 Celery masks settings whose names look secret (``...PASS...``, ``...TOKEN...``, so
 ``funnel_redis_options`` passwords and a dashboard token already) and its own broker
-and backend URLs, but not ``funnel_redis_url``. The worker's ``conf`` remote-control
-command is wrapped once per process; the wrapper masks only the ``funnel_*`` URL
-settings of apps that installed celery-funnel, and answers as Celery does otherwise.
+and backend URLs under their lowercase names, but not ``funnel_redis_url``, nor the
+broker's and backend's URLs under a namespace (``CELERY_BROKER_URL`` from Django's
+settings). The worker's ``conf`` remote-control command is wrapped once per process;
+the wrapper masks those URLs for apps that installed celery-funnel, and answers as
+Celery does otherwise.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +23,9 @@ from .._limiter.backends._clients import mask_url
 __all__ = ["mask_conf", "masked"]
 
 URL_SETTINGS = ("funnel_redis_url",)
+# Celery's own URLs, as a namespaced configuration names them
+CELERY_URLS = ("broker_url", "broker_read_url", "broker_write_url", "result_backend")
+_STARRED = re.compile(r"://[^:@/]*:\*+@")  # a password masked already
 
 
 def masked(app: Any, table: Any) -> Any:
@@ -27,10 +33,19 @@ def masked(app: Any, table: Any) -> Any:
     ``funnel_*`` URL setting masked, when ``app`` installed celery-funnel."""
     if not isinstance(table, dict) or not runtime_for(app).installed:
         return table
-    return {
-        key: mask_url(value) if setting_name(key) in URL_SETTINGS and value else value
-        for key, value in table.items()
-    }
+    return {key: _mask(value) if _url(key) and value else value for key, value in table.items()}
+
+
+def _mask(value: Any) -> Any:
+    """``value`` masked, unless Celery masked it already (its stars kept)."""
+    return value if isinstance(value, str) and _STARRED.search(value) else mask_url(value)
+
+
+def _url(key: Any) -> bool:
+    """Whether setting ``key`` holds a URL that may carry a password."""
+    if not isinstance(key, str):
+        return False
+    return setting_name(key) in URL_SETTINGS or key.lower().removeprefix("celery_") in CELERY_URLS
 
 
 def mask_conf() -> None:

@@ -4,50 +4,37 @@ On a worker with celery-funnel installed, the worker gate (``celery_funnel.worke
 decides every run before it reaches the pool, over the task's own funnels and every
 matching ``funnel_limits`` entry at once, and marks the runs it admitted, which
 ``before_start`` then lets through: each funnel is paid once per run. ``before_start``
-is the gate of eager runs (``funnel_throttle_eager``) and of workers without it: it
-calls the same gate core (``_gate.judge``); a refused task is published again, for
-the time the funnel names, with everything it was sent with (``_republish``), and the
-current run ends with ``Ignore``. ``request.retries`` is left alone and ``on_retry``
-is not called: deferrals are counted in a header of their own.
+is the gate of eager runs (``funnel_throttle_eager``) and of workers without it
+(``_celery.in_task``): it calls the same gate core (``_gate.judge``); a refused task is
+published again, for the time the funnel names, with everything it was sent with
+(``_gate.publish``), and the current run ends with ``Ignore``. ``request.retries`` is
+left alone and ``on_retry`` is not called: deferrals are counted in a header of their
+own. What a run tells its funnels (``funnel_settle``, ``funnel_feedback``,
+``funnel_backoff``) is ``_celery.feedback``'s.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from celery import Task
-from celery.exceptions import Ignore
 
-from .._config.options import check_call, check_class, dry_run_of, limits_of, policy_of
-from .._config.runtime import Runtime, runtime_for
-from .._gate import adaptive, settling
-from .._gate.charges import Charges
+from .._config.options import check_call, check_class, limits_of
+from .._config.runtime import Runtime
+from .._gate.charges import Charge, Charges, OwnCharges
 from .._gate.fair import fair_of
-from .._gate.judge import (
-    Charge,
-    Ruling,
-    State,
-    Subject,
-    admitted_by_gate,
-    judge,
-    label_of,
-    report_wait,
-    requeued,
-)
-from .._gate.live import live_for
-from .._gate.publish import gate_publishes, republish
-from .._gate.state import HEADER
-from .._limiter.errors import BackendError, ConfigurationError
-from .._limiter.headers import Upstream, backoff_of, read_headers
+from .._gate.follow import follows_of
+from .._gate.publish import gate_publishes
+from .._gate.state import HEADER, admitted_by_gate
+from .._limiter.errors import BackendError
+from .._limiter.headers import Upstream
 from .._limiter.keys import safe_part
 from .._limiter.limit import Limit, fixed
-from ..signals import task_settled
-from . import backlog, debounce, unique
+from . import backlog, debounce, feedback, in_task, unique
 
-__all__ = ["HEADER", "FunnelTask", "limits_of"]
+__all__ = ["HEADER", "FunnelTask", "limits_of", "own_charges"]
 
 logger = logging.getLogger("celery_funnel")
 
@@ -61,10 +48,10 @@ class FunnelTask(Task):  # type: ignore[misc]
     (tasks that may start back to back from an idle funnel, default 1), ``funnel_key``
     (format string over the task's arguments, or a callable taking them; default: one
     funnel per task name), ``funnel_cost`` (units per task, int or callable; default 1),
-    ``funnel_strategy`` (``"gcra"`` default, or
-    ``"fixed_window"``, ``"sliding_window"``, ``"sliding_log"``), and ``funnel_limits``
-    (more limits, as dicts with the same keys: ``rate``, ``capacity``, ``key``,
-    ``cost``), all of which must admit the task at once (GCRA only), and
+    ``funnel_strategy`` (a registered strategy's name, ``strategies.names()``; default
+    ``"gcra"``), and ``funnel_limits`` (more limits, as dicts with the same keys:
+    ``rate``, ``capacity``, ``key``, ``cost``), all of which must admit the task at
+    once (GCRA only), and
     ``funnel_on_backend_error`` (``"defer"``, ``"allow"`` or ``"raise"``; default: the
     app's setting) for when the funnel's Redis fails, and ``funnel_dry_run`` (default:
     the app's setting) to run every task at once and only report the deferrals;
@@ -126,7 +113,8 @@ class FunnelTask(Task):  # type: ignore[misc]
         if waiting is not None:
             return waiting
         try:
-            backlog.enter(self, args, kwargs, options)
+            if not follows_of(options.get("headers")):  # a follower runs no body of its own
+                backlog.enter(self, args, kwargs, options)
             return super().apply_async(args, kwargs, *more, **options)
         except BaseException:
             if options.get("task_id") is not None:  # not sent: it does not wait
@@ -136,50 +124,13 @@ class FunnelTask(Task):  # type: ignore[misc]
 
     def before_start(self, task_id: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         super().before_start(task_id, args, kwargs)
-        self._funnel_before_start(task_id, args, kwargs)
+        in_task.decide(self, task_id, args, kwargs)
         if self.funnel_max_waiting is not None:  # it starts: it no longer waits
             try:
                 backlog.leave(self, task_id, args, kwargs)
             except BackendError as error:  # its entry stops counting within the hour
                 logger.warning("celery-funnel: task %s[%s] left no backlog: %s", self.name,
                                task_id, error)  # fmt: skip
-
-    def _funnel_before_start(
-        self, task_id: str, args: Sequence[Any], kwargs: Mapping[str, Any]
-    ) -> None:
-        """The funnels' decision on a run the worker gate did not admit (eager runs
-        with ``funnel_throttle_eager``, workers without the gate)."""
-        request = self.request
-        runtime = runtime_for(self.app)
-        if request.called_directly or (request.is_eager and not runtime.settings.throttle_eager):
-            return
-        headers = request.headers or {}
-        if admitted_by_gate(headers):
-            return  # this worker's gate admitted the run, over every funnel: paid once
-        if not self._funnel_limits():
-            return
-        charges = self._funnel_charges(runtime, args, kwargs)
-        subject = Subject(
-            self.name,
-            task_id,
-            policy_of(self, runtime.settings.on_backend_error),
-            dry_run_of(self, runtime.settings.dry_run),
-            eager=bool(request.is_eager),
-        )
-        state = State.from_headers(headers)
-        while True:
-            step = judge(runtime, subject, charges, state)
-            if step.run:
-                return
-            if step.error is not None:
-                raise step.error
-            if not request.is_eager and not runtime.countdowns.waits_in_place(step.delay):
-                self._funnel_defer(runtime, subject, label_of(charges), args, kwargs, step)
-            # eager mode (throttled on purpose), or under a second on a broker that
-            # delays by whole seconds only: wait in place, then redeem the slot
-            report_wait(runtime, subject, label_of(charges), step, requeued=False)
-            time.sleep(step.delay)
-            state = step.state
 
     def funnel_backoff(self, seconds: float) -> None:
         """The upstream refused this task (an HTTP 429 with Retry-After, say): hold the
@@ -193,28 +144,7 @@ class FunnelTask(Task):  # type: ignore[misc]
         Raises:
             ConfigurationError: when the task has no GCRA funnel.
         """
-        request = self.request
-        limits = self._funnel_limits()
-        if not limits or limits[0].strategy != "gcra":
-            raise ConfigurationError(
-                f"funnel_backoff needs a GCRA funnel on task {self.name!r}"
-                f" (funnel_rate set, funnel_strategy 'gcra')"
-            )
-        runtime = runtime_for(self.app)
-        self._funnel_adapt(runtime, refused=True)
-        args, kwargs = request.args or (), request.kwargs or {}
-        keys = self._funnel_keys(runtime, limits, args, kwargs)
-        seconds = max(float(seconds), 0.0)
-        for limit, key in zip(limits, keys, strict=True):
-            rate = limit.rate
-            if seconds > 0:
-                runtime.funnel.hold(key, limit.capacity - 1, rate.count, rate.period, seconds)
-        # the hold voided every booking, this task's too: it books afresh on return
-        state = State.from_headers(request.headers)
-        state = state._replace(deferrals=state.deferrals + 1, booked=False, passed=())
-        subject = Subject(self.name, request.id, runtime.settings.on_backend_error)
-        step = Ruling(run=False, delay=seconds, state=state)
-        self._funnel_defer(runtime, subject, self.name, args, kwargs, step)
+        feedback.backoff(self, seconds)
 
     def funnel_settle(self, actual: int | None = None, /, **named: int) -> bool:
         """Replace what this run was charged at admission with what it really used:
@@ -237,25 +167,7 @@ class FunnelTask(Task):  # type: ignore[misc]
             ConfigurationError: an unknown name, no funnel of the task's own for
                 ``actual``, units that are not an integer >= 0, a window strategy.
         """
-        request, runtime = self.request, runtime_for(self.app)
-        charges = self._funnel_paid(runtime)
-        if charges is None:
-            return True
-        own = len(self._funnel_limits())
-        wanted = settling.resolve(self.name, charges, own, actual, named)
-        held = getattr(request, "funnel_settled", None) or {}
-        try:
-            request.funnel_settled = settling.settle(runtime, charges, held, wanted)
-        except BackendError as error:
-            logger.warning("celery-funnel: task %s[%s] could not settle: %s", self.name,
-                           request.id, error)  # fmt: skip
-            return False
-        for i, units in wanted.items():
-            task_settled.send(
-                sender=self.name, task_id=request.id, funnel=charges[i].label,
-                limit=charges[i].limit.name, charged=held.get(i, charges[i].cost), actual=units,
-            )  # fmt: skip
-        return True
+        return feedback.settle(self, actual, named)
 
     def funnel_feedback(
         self, headers: Any, status: int | None = None, *, names: Mapping[str, str] | None = None
@@ -277,32 +189,7 @@ class FunnelTask(Task):  # type: ignore[misc]
 
         Returns the headers read. A failure of the funnels' Redis is logged, not raised.
         """
-        runtime = runtime_for(self.app)
-        upstream = read_headers(headers, time.time())
-        charges = self._funnel_paid(runtime)
-        try:
-            if charges:
-                settling.align(runtime, charges, upstream.quotas, names)
-        except BackendError as error:
-            logger.warning("celery-funnel: task %s[%s] could not read feedback in: %s",
-                           self.name, self.request.id, error)  # fmt: skip
-        if status == 429:
-            self.funnel_backoff(backoff_of(upstream))
-        if status is not None and 200 <= status < 300:
-            self._funnel_adapt(runtime, refused=False)
-        return upstream
-
-    def _funnel_adapt(self, runtime: Runtime, *, refused: bool) -> None:
-        """Report a 429 (``refused``) or a success to this run's adaptive funnels (a
-        failure of their Redis is logged: the rates stay as they were)."""
-        charges = self._funnel_paid(runtime)
-        if not charges or all(c.limit.adaptive is None for c in charges):
-            return
-        try:
-            adaptive.report(runtime, charges, refused, live_for(self.app).adaptive)
-        except BackendError as error:
-            logger.warning("celery-funnel: task %s[%s] could not adapt its rate: %s",
-                           self.name, self.request.id, error)  # fmt: skip
+        return feedback.feedback(self, headers, status, names)
 
     def _funnel_paid(self, runtime: Runtime) -> list[Charge] | None:
         """The charges this run paid at admission (None: it paid nothing, a direct
@@ -314,7 +201,9 @@ class FunnelTask(Task):  # type: ignore[misc]
         args, kwargs = request.args or (), request.kwargs or {}
         if admitted_by_gate(request.headers):
             hostname = safe_part(request.hostname or "worker")
-            return Charges(runtime, self.app, hostname).of(self.name, self.name, args, kwargs)
+            return Charges(runtime, self.app, hostname, own_charges).of(
+                self.name, self.name, args, kwargs
+            )
         return self._funnel_charges(runtime, args, kwargs)
 
     def _funnel_limits(self) -> tuple[Limit, ...]:
@@ -358,27 +247,9 @@ class FunnelTask(Task):  # type: ignore[misc]
             self.__dict__["_funnel_fixed_charges"] = (runtime, tuple(charges))
         return charges
 
-    def _funnel_defer(
-        self,
-        runtime: Runtime,
-        subject: Subject,
-        label: str,
-        args: Sequence[Any],
-        kwargs: Mapping[str, Any],
-        step: Ruling,
-    ) -> None:
-        """Publish the run again for ``step.delay`` (capped), and end this one."""
-        request = self.request
-        countdown = runtime.countdowns.countdown(step.delay)
-        report_wait(
-            runtime, subject, label, step, requeued=True,
-            send_event=self.send_event if runtime.observer.events else None,
-        )  # fmt: skip
-        properties = request.properties or {}
-        republish(
-            self, request, args, kwargs, countdown=countdown,
-            state=requeued(step.state, countdown),
-            content_type=properties.get("content_type"),
-        )  # fmt: skip
-        runtime.observer.quiet_ignored(request.id)
-        raise Ignore()
+
+def own_charges(task: Any) -> OwnCharges | None:
+    """What a run of ``task`` pays on its own funnels (a FunnelTask's ``funnel_*``
+    options), handed to the gate's ``Charges``; None: nothing (not a FunnelTask)."""
+    own: OwnCharges | None = getattr(task, "_funnel_charges", None)
+    return own

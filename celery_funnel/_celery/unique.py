@@ -31,11 +31,11 @@ from celery.worker.state import task_ready
 from .._config.dedupe import Unique
 from .._config.options import unique_of
 from .._config.runtime import Runtime, runtime_for
-from .._gate.leases import alive
+from .._gate.follow import FOLLOWS, ended, follows_of, in_canvas, unique_funnel
 from .._gate.publish import gate_publishes
 from .._limiter.keys import hash_tag
-from .._limiter.limit import key_part
 from .loop import Loop, log_failure
+from .renewal import alive
 
 __all__ = ["Front", "Keeper", "claim", "connect", "free"]
 
@@ -44,16 +44,12 @@ _UNSET = object()
 PAUSE_SECONDS = 1.0  # the longest pause between two renewals
 
 
-def funnel_of(task: Any, spec: Unique, args: Any, kwargs: Any) -> str:
-    """The funnel whose unique key a run of ``task`` with these arguments takes."""
-    part = key_part(spec.key, task.run, args or (), kwargs or {})
-    return runtime_for(task.app).task_key(task.name, part)
-
-
 def claim(task: Any, args: Any, kwargs: Any, options: dict[str, Any]) -> Any:
     """Before a send: take the task's unique key for it (its id set in ``options``).
-    None: send it; else the ``AsyncResult`` of the task that holds the key (send
-    nothing).
+    None: send it, holding the key or, inside a canvas (``_gate.follow``), as a
+    follower of the task that holds it (``options``' headers say which); else the
+    ``AsyncResult`` of the task that holds the key (send nothing). A holder whose
+    outcome is stored has ended (its key not freed yet): the key is taken over.
 
     Raises:
         BackendError: the funnels' Redis failed (nothing taken).
@@ -63,11 +59,16 @@ def claim(task: Any, args: Any, kwargs: Any, options: dict[str, Any]) -> Any:
         return None
     task_id = options.setdefault("task_id", str(uuid.uuid4()))
     runtime = runtime_for(task.app)
-    funnel = funnel_of(task, spec, args, kwargs)
+    funnel = unique_funnel(task, spec, args, kwargs)
     held, holder = runtime.unique.claim(funnel, task_id, spec.ttl)
+    if not held and ended(task, holder):  # a producer that saw its result sends again
+        held, holder = runtime.unique.claim(funnel, task_id, spec.ttl, over=holder)
     if held:
         return None
     runtime.observer.collapsed(task.name, holder, task.name, "unique")
+    if in_canvas(options):  # its canvas goes on from the holder's outcome
+        options["headers"] = {**(options.get("headers") or {}), FOLLOWS: holder}
+        return None
     return task.AsyncResult(holder)
 
 
@@ -79,7 +80,7 @@ def free(task: Any, task_id: str | None, args: Any, kwargs: Any) -> None:
     try:
         spec = unique_of(task)
         if spec is not None:
-            runtime_for(task.app).unique.free(funnel_of(task, spec, args, kwargs), task_id)
+            runtime_for(task.app).unique.free(unique_funnel(task, spec, args, kwargs), task_id)
     except Exception as error:
         logger.warning("celery-funnel: task %s[%s] kept its unique key: %r", task.name, task_id,
                        error)  # fmt: skip
@@ -115,8 +116,9 @@ def connect() -> None:
 
 
 class Keeper(Loop):
-    """Renews the unique keys of the runs this worker passed to its pool, every third
-    of their TTL, until their request is done."""
+    """Renews the unique keys of the runs this worker passed to its pool until their
+    request is done: every ``PAUSE_SECONDS`` (a second; a key's TTL is at least 3 s),
+    all of them in one call (one per TTL, and per hash tag on a Redis Cluster)."""
 
     name = "celery-funnel-unique"
 
@@ -180,11 +182,14 @@ class Front:
 
     def __call__(self, request: Any) -> Any:
         spec = self._spec(request.type)
-        if spec is None:
+        if spec is None or follows_of(request.request_dict):  # the gate saw to followers
             return self.handle(request)
         try:
-            funnel = funnel_of(request.task, spec, request.args, request.kwargs)
+            funnel = unique_funnel(request.task, spec, request.args, request.kwargs)
+            self.runtime.outage.check()  # no call waits on a Redis known to fail
             held, holder = self.runtime.unique.claim(funnel, request.id, spec.ttl)
+            if not held and ended(request.task, holder):  # ended, its end not yet seen
+                held, holder = self.runtime.unique.claim(funnel, request.id, spec.ttl, over=holder)
         except Exception as error:  # never lose a task to the check: it runs
             logger.warning("celery-funnel: task %s[%s] runs without its unique check: %r",
                            request.name, request.id, error)  # fmt: skip

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._gate.charges import label_of
 from .._gate.gate import WorkerGate
-from .._gate.judge import label_of
 from .._gate.state import HEADER, State
 
 __all__ = ["register", "waiting"]

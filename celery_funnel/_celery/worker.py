@@ -1,6 +1,8 @@
-"""The worker gate's bootstep (``FunnelGate``): it checks the settings and every
-FunnelTask at worker start and puts the worker gate (``_gate.gate.WorkerGate``) in
-front of ``consumer.on_task_request``, the one point every due task passes."""
+"""The worker's bootsteps: ``FunnelGate`` checks the settings and every FunnelTask at
+worker start and puts the worker gate (``_gate.gate.WorkerGate``) in front of
+``consumer.on_task_request``, the one point every due task passes; ``ReleaserStep``
+(which requires it) runs the releaser. What each runs is composed by
+``_celery.services``, in this order."""
 
 from __future__ import annotations
 
@@ -9,27 +11,28 @@ from typing import Any
 
 from celery import bootsteps
 
-from .._config.options import concurrency_of, debounce_of, option_of, unique_of
-from .._config.runtime import runtime_for
+from .._config.options import concurrency_of, debounce_of, unique_of
+from .._config.runtime import Runtime, runtime_for
 from .._gate.gate import WorkerGate
+from .._gate.publish import close_producers
 from .._limiter.errors import ConfigurationError
-from .._stores.persistence import aof_everywhere
-from .checks import check_app, refuse_start
+from .._stores.persistence import Rule
+from . import debounce, services
+from .checks import check_app, check_fair, refuse_start
+from .loop import LoopStep
 from .received import ReceivedOnce
+from .releaser import Releaser, announce_revoked
 from .task import FunnelTask, limits_of
+from .teardown import CloseBeforeCollect, LostConnection
 from .unique import Front
 
-__all__ = ["FunnelGate", "WorkerGate"]
+__all__ = ["FunnelGate", "ReleaserStep", "WorkerGate"]
 
 logger = logging.getLogger("celery_funnel")
 
 
-def _is_funnel_task(task: Any) -> bool:
-    return isinstance(task, FunnelTask)
-
-
 def check_tasks(app: Any) -> None:
-    """Check every setting and task of ``app`` (``_checks.check_app``), so that bad
+    """Check every setting and task of ``app`` (``_celery.checks.check_app``), so that bad
     options fail at worker start, named."""
     check_app(app)
 
@@ -48,12 +51,16 @@ class FunnelGate(bootsteps.StartStopStep):  # type: ignore[misc]
             gate.close()
             if isinstance(gate.handle, Front):
                 gate.handle.close()
+        close_producers(consumer.app)
         runtime_for(consumer.app).close()
 
     def stop(self, consumer: Any) -> None:
         gate = consumer.on_task_request
         if isinstance(gate, WorkerGate):
             gate.drop_held()
+            # the broker's connection is made again next: either Redis may have
+            # restarted, so whether tasks may be parked is read again then
+            runtime_for(consumer.app).persistence.stale()
 
     def __init__(self, consumer: Any, **kwargs: Any) -> None:
         super().__init__(consumer, **kwargs)
@@ -78,7 +85,7 @@ class FunnelGate(bootsteps.StartStopStep):  # type: ignore[misc]
 
         Raises:
             ConfigurationError: a mistake in the settings or a task's options, or
-                ``funnel_park=True`` on a Redis without AOF.
+                ``funnel_park=True`` where parking would be less safe than the broker.
         """
         check_tasks(consumer.app)
         runtime = runtime_for(consumer.app)
@@ -86,13 +93,16 @@ class FunnelGate(bootsteps.StartStopStep):  # type: ignore[misc]
         if settings.limits:
             settings.require_redis()
         if settings.limits or settings.concurrency or _funnel_tasks(consumer.app):
-            gate = WorkerGate(runtime, consumer, consumer.on_task_request, _is_funnel_task)
-            if _uses(consumer.app, "funnel_unique"):  # others pay nothing for it
-                gate.handle = Front(runtime, consumer.app, gate.handle, gate.events)
-            gate.parking.start()  # funnel_park=True on a Redis without AOF stops here
-            _check_debounce(runtime, consumer.app)
+            gate = services.gate(runtime, consumer)
+            gate.parking.start()  # funnel_park=True where the rule refuses stops here
+            # the rule parking's start read just now (None: not known, allowed)
+            rule = runtime.persistence.rule() if settings.redis_url else None
+            _check_debounce(runtime, consumer.app, rule)
+            check_fair(consumer.app, settings.park, rule)
             consumer.on_task_request = gate
             ReceivedOnce(consumer)  # a task the gate published again is received once
+            CloseBeforeCollect(consumer)  # holding tasks, it outlives a broker restart
+            LostConnection(consumer, gate.connection_lost)  # the runs it cut off run once
 
 
 def _funnel_tasks(app: Any) -> bool:
@@ -110,28 +120,10 @@ def _funnel_tasks(app: Any) -> bool:
     )
 
 
-def _uses(app: Any, option: str) -> bool:
-    """Whether a FunnelTask of ``app`` sets ``option``."""
-    return any(
-        isinstance(t, FunnelTask) and option_of(t, option) is not None
-        for t in list(app.tasks.values())
-    )
-
-
-def _aof(runtime: Any) -> bool:
-    """Whether the funnels' Redis has AOF on; True when it cannot say now (down at
-    worker start: parking's own check logs it, and waits for it)."""
-    try:
-        return aof_everywhere(runtime.funnel.client)
-    except Exception as error:
-        logger.warning("celery-funnel: cannot read the funnels' Redis persistence (%r):"
-                       " debounced sends need an append-only file there", error)  # fmt: skip
-        return True
-
-
-def _check_debounce(runtime: Any, app: Any) -> None:
+def _check_debounce(runtime: Runtime, app: Any, rule: Rule | None) -> None:
     """Debounced sends wait only in the funnels' Redis: refuse to start where they would
-    not be released (``funnel_park=False``: no releaser) or could be lost (no AOF).
+    not be released (``funnel_park=False``: no releaser) or could be lost (``rule``: no
+    AOF, and not the broker's own Redis server; None: not known now, allowed).
 
     Raises:
         ConfigurationError: naming the task, its ``funnel_debounce`` and the reason.
@@ -140,14 +132,19 @@ def _check_debounce(runtime: Any, app: Any) -> None:
         spec = debounce_of(task) if isinstance(task, FunnelTask) else None
         if spec is None:
             continue
-        where = f"task {task.name!r}: funnel_debounce={spec.seconds:g}"
-        if not runtime.settings.park:
-            raise ConfigurationError(
-                f"{where} needs funnel_park (the workers' releasers publish debounced runs);"
-                f" funnel_park=False"
+        if rule is None and runtime.settings.park:
+            logger.warning(
+                "celery-funnel: cannot read the funnels' Redis persistence: debounced sends"
+                " need an append-only file there, or the broker's own Redis server"
             )
-        if not _aof(runtime):
-            raise ConfigurationError(
-                f"{where} keeps each key's last send in the funnels' Redis, which has no"
-                f" append-only file (a restart would lose them): turn on 'appendonly yes'"
-            )
+        debounce.check_store(runtime, task, spec, rule=rule)
+
+
+class ReleaserStep(LoopStep):
+    """Consumer bootstep: runs a ``Releaser`` while the consumer runs (parking on);
+    after ``FunnelGate`` (``LoopStep.requires``)."""
+
+    label = "celery-funnel releaser"
+
+    def make(self, consumer: Any) -> Releaser | None:
+        return services.releaser(consumer, lambda i: announce_revoked(consumer, i))

@@ -1,8 +1,8 @@
 """``celery -A proj funnel status|inspect|reset|check``: see, reset and check the app's
 funnels. Registered as a Celery subcommand through the ``celery.commands`` entry point.
 
-It only presents what the core computes (``_cli_view``), and only touches keys that
-parse as keys of the layout (``_keys``): never a broker queue, a result, or another
+It only presents what the core computes (``_ops.view``), and only touches keys that
+parse as keys of the layout (``_limiter.keys``): never a broker queue, a result, or another
 app's key, whatever the prefix or the name given.
 """
 
@@ -19,7 +19,8 @@ from .._limiter.backends._clients import mask_url
 from .._limiter.backends.redis import RedisFunnel
 from .._limiter.errors import ConfigurationError
 from .._limiter.keys import FunnelKey
-from .._ops.configured import concurrency_in_force, idle_rows, in_force
+from .._limiter.words import plural
+from .._ops.configured import concurrency_in_force, idle_rows, in_force, parked_of
 from .._ops.control import Override, families, overrides, owner
 from .._ops.view import (
     Failure,
@@ -40,6 +41,7 @@ from .control import dashboard, override_lines, pause, resume, set_command, unse
 from .errors import OneLineErrors
 from .leases import lease_rows, release_lease, show_holders
 from .parked import parked, parked_summary, purge, release
+from .why import why_command
 
 SHOWN = 20  # keys listed before "... and N more"
 
@@ -63,18 +65,43 @@ def _connect(ctx: click.Context) -> tuple[Runtime, RedisFunnel]:
     return runtime, funnel
 
 
+WIDTH = 100  # a status row's note goes on a line of its own past this many columns
+# the table's columns: the JSON field, its heading (short, to fit the rows in WIDTH)
+COLUMNS = {
+    "key": "key", "limit": "limit", "kind": "kind", "rate": "rate", "capacity": "cap",
+    "remaining": "left", "reset_after": "reset_s", "reservations": "booked",
+    "parked": "parked", "in_use": "in_use",
+}  # fmt: skip
+SPARSE = ("reservations", "parked", "in_use")  # shown when some row has one (not 0)
+
+
+def _cell(row: dict[str, Any], field: str) -> str:
+    value = row.get(field, "")
+    return f"{value:.3f}".rstrip("0").rstrip(".") if isinstance(value, float) else str(value)
+
+
 def _echo_rows(ctx: click.Context, rows: list[dict[str, Any]], as_json: bool) -> None:
+    """The rows as JSON, or as a table (``SPARSE`` columns only when a row has one, not
+    0): one line per row (its note on the next line when the row would pass ``WIDTH``
+    columns), then its seats' holders and its tenants."""
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    columns = [
-        "key", "limit", "kind", "rate", "capacity", "remaining", "reset_after", "reservations",
-        "parked", "in_use", "note",
-    ]  # fmt: skip
-    widths = {c: max([len(c), *(len(str(r.get(c, ""))) for r in rows)]) for c in columns}
-    ctx.obj.echo("  ".join(c.ljust(widths[c]) for c in columns).rstrip())
+    shown = {
+        f: h
+        for f, h in COLUMNS.items()
+        if f not in SPARSE or any(_cell(r, f) not in ("", "0") for r in rows)
+    }
+    widths = {f: max([len(h), *(len(_cell(r, f)) for r in rows)]) for f, h in shown.items()}
+    ctx.obj.echo("  ".join(h.ljust(widths[f]) for f, h in shown.items()) + "  note")
     for row in rows:
-        ctx.obj.echo("  ".join(str(row.get(c, "")).ljust(widths[c]) for c in columns).rstrip())
+        line = "  ".join(_cell(row, f).ljust(widths[f]) for f in shown)
+        note = str(row.get("note", ""))
+        if note and len(line) + 2 + len(note) > WIDTH:
+            ctx.obj.echo(line.rstrip())
+            ctx.obj.echo(f"  note: {note}")
+        else:
+            ctx.obj.echo(f"{line}  {note}".rstrip())
         show_holders(ctx, row)
         if "error" in row:
             ctx.obj.echo(f"  error: {row['error']}")
@@ -106,12 +133,12 @@ def status(ctx: click.Context, as_json: bool) -> None:
     for key in found.funnels:
         name = owner(ctx.obj.app, key, known)
         row = _funnel_row(runtime, backend, key, entries.get(name or ""), adapted)
-        row["parked"] = counts.get(row["name"], 0)
+        row["parked"] = parked_of(row["name"], counts)
         rows.append(row)
     for row in lease_rows(runtime, backend.client, found):
         name = owner(ctx.obj.app, FunnelKey(row["key"], row["name"]), known)
         rows.append(_lease_row(row, entries.get(name or "")))
-    rows += idle_rows(runtime, found, entries)
+    rows += idle_rows(runtime, found, entries, parked=counts)
     held = unique_rows(backend.client, found)
     _echo_rows(ctx, rows + held if as_json else rows, as_json)
     for row in [] if as_json else held:
@@ -122,7 +149,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
     if found.parked and not as_json:
         summary = parked_summary(store)
         for label, count in sorted(summary["parked"].items()):
-            ctx.obj.echo(f"parked: {count} tasks of {label}")
+            ctx.obj.echo(f"parked: {plural(count, 'task')} of {label}")
         if summary["next_release"]:
             ctx.obj.echo(f"parked: next release {summary['next_release']}")
     if entries and not as_json:
@@ -134,7 +161,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
         text = texts.get(funnel_key, f"{rate:.3g}/s (lowered by 429s)")
         ctx.obj.echo(f"adaptive: {funnel_key} at {text}")
     if found.foreign and not as_json:
-        ctx.obj.echo(f"({found.foreign} other keys under the prefix are not funnels: left alone)")
+        are = "is not a funnel" if found.foreign == 1 else "are not funnels"
+        ctx.obj.echo(f"({plural(found.foreign, 'other key')} under the prefix {are}: left alone)")
 
 
 def _funnel_row(
@@ -178,8 +206,9 @@ def _resolve(runtime: Runtime, backend: RedisFunnel, name: str) -> Found:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def inspect(ctx: click.Context, name: str, as_json: bool) -> None:
-    """One funnel NAME (a task name, limit:<pattern>, or a full key) in detail, with
-    its booked tickets in local time."""
+    """One funnel NAME (a task name, limit:<pattern>, or a key as status shows it, such
+    as one limit of a task with several) in detail, idle or not, with its booked tickets
+    (times in UTC)."""
     runtime, backend = _connect(ctx)
     found = _resolve(runtime, backend, name)
     funnels, entries = found.funnels, overrides(ctx.obj.app)
@@ -196,9 +225,14 @@ def inspect(ctx: click.Context, name: str, as_json: bool) -> None:
                 for t, slot in backend.tickets(key.key, SHOWN)
             ]
             rows.append(row)
+        for row in lease_rows(runtime, backend.client, found):  # concurrency funnels
+            name_of = owner(ctx.obj.app, FunnelKey(row["key"], row["name"]), known)
+            rows.append({**_lease_row(row, entries.get(name_of or "")), "tickets": []})
     except Failure as exc:
         raise click.ClickException(str(exc)) from None
-    rows += [{**row, "tickets": []} for row in idle_rows(runtime, found, entries, name)]
+    counts = ParkStore(backend.client, runtime.settings.key_prefix).counts()
+    idle = idle_rows(runtime, found, entries, name, parked=counts)
+    rows += [{**row, "tickets": []} for row in idle]
     if not rows:
         raise click.ClickException(
             f"no funnel {name!r} in this app nor under {runtime.settings.key_prefix!r}"
@@ -208,8 +242,9 @@ def inspect(ctx: click.Context, name: str, as_json: bool) -> None:
         return
     for row in rows:
         for field, value in row.items():
-            if field != "tickets":
+            if field not in ("tickets", "holders"):
                 ctx.obj.echo(f"{field:<14} {value}")
+        show_holders(ctx, row)
         for ticket in row["tickets"]:
             ctx.obj.echo(f"  ticket {ticket['ticket']}: slot {ticket['slot']}")
 
@@ -252,8 +287,8 @@ def reset(ctx: click.Context, names: tuple[str, ...], everything: bool, yes: boo
         if len(keys) > SHOWN:
             ctx.obj.echo(f"  ... and {len(keys) - SHOWN} more")
         if not yes:
-            click.confirm(f"delete these {len(keys)} funnel keys?", abort=True)
-        ctx.obj.echo(f"deleted {_delete(backend, keys)} keys")
+            click.confirm(f"delete {plural(len(keys), 'funnel key')}?", abort=True)
+        ctx.obj.echo(f"deleted {plural(_delete(backend, keys), 'key')}")
     except Failure as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -262,7 +297,9 @@ def reset(ctx: click.Context, names: tuple[str, ...], everything: bool, yes: boo
 @click.pass_context
 def check_command(ctx: click.Context) -> None:
     """Check the funnels' Redis: credentials, ACL (each script run once on scratch keys
-    under the prefix), replica, eviction policy, persistence. Exit status 1 on errors."""
+    under the prefix), replica, eviction policy, persistence, and which rule lets tasks
+    be parked there (an append-only file, or the broker's own Redis server). Exit
+    status 1 on errors."""
     runtime = runtime_for(ctx.obj.app)
     prefix = runtime.settings.key_prefix
     ctx.obj.echo(f"funnel_redis_url: {mask_url(runtime.settings.redis_url)}")
@@ -271,7 +308,10 @@ def check_command(ctx: click.Context) -> None:
     except Exception as exc:
         raise click.ClickException(str(exc)) from None
     parking = runtime.settings.park
-    findings = check(backend, prefix, parking=parking) if isinstance(backend, RedisFunnel) else []
+    findings = []
+    if isinstance(backend, RedisFunnel):
+        findings = check(backend, prefix, parking=parking, persistence=runtime.persistence)
+        ctx.obj.echo(f"parking: {runtime.persistence.describe()}")
     for finding in findings:
         ctx.obj.echo(finding.line())
     if any(f.topic in ("scripts", "connection") for f in findings):
@@ -282,6 +322,7 @@ def check_command(ctx: click.Context) -> None:
 
 
 for _command in (
-    parked, release, purge, release_lease, set_command, pause, resume, unset, dashboard
+    parked, release, purge, release_lease, set_command, pause, resume, unset, dashboard,
+    why_command,
 ):  # fmt: skip
     funnel.add_command(_command)

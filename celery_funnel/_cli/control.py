@@ -3,7 +3,6 @@ commands call ``control``), and the lines ``status`` shows for overrides."""
 
 from __future__ import annotations
 
-import datetime
 import os
 import time
 from typing import Any
@@ -15,6 +14,7 @@ from .._config.runtime import runtime_for
 from .._gate.overrides import Override
 from .._limiter.errors import ConfigurationError
 from .._ops import control
+from .._ops.view import utc_time
 
 __all__ = ["dashboard", "override_lines", "pause", "resume", "set_command", "unset"]
 
@@ -22,7 +22,7 @@ TOKEN_ENV = "CELERY_FUNNEL_DASHBOARD_TOKEN"
 
 
 def _when(epoch: float) -> str:
-    return f"{datetime.datetime.fromtimestamp(epoch).astimezone():%Y-%m-%d %H:%M:%S %Z}"
+    return utc_time(epoch)
 
 
 def describe_override(app: Any, name: str, entry: Override) -> str:
@@ -123,7 +123,8 @@ def dashboard(
         from ..dashboard import serve  # noqa: PLC0415 - the optional extra
     except ImportError as exc:
         raise click.ClickException(
-            f"the dashboard needs its extra: pip install 'celery-funnel[dashboard]' ({exc})"
+            f"the dashboard needs Starlette and uvicorn: pip install starlette uvicorn (in a"
+            f" clone of celery-funnel: pip install '.[dashboard]') ({exc})"
         ) from None
     token = token or os.environ.get(TOKEN_ENV) or None
     # a misconfigured app stops here, in one line, not in a traceback on every request

@@ -9,11 +9,12 @@ from typing import Any
 import click
 from celery.bin.base import CeleryCommand
 
+from .._celery.renewal import Leases
 from .._celery.task import FunnelTask
 from .._config.options import concurrency_of
 from .._config.runtime import Runtime, runtime_for
-from .._gate.leases import Leases
 from .._limiter.keys import FunnelKey
+from .._limiter.words import plural
 from .._ops.view import Failure, Found, at, lease_funnels, resolve
 from .._stores.leases import LeaseStore, SlotFunnel
 
@@ -52,6 +53,7 @@ def lease_rows(runtime: Runtime, client: Any, found: Found) -> list[dict[str, An
                     "worker": h.worker or "(handed to a parked waiter)",
                     "age": None if h.started is None else round(now - h.started, 3),
                     "lease_expiry": at(h.expires, now),
+                    "lease_ends_in": round(h.expires - now, 3),
                 }
                 for h in holders
             ]
@@ -65,9 +67,8 @@ def show_holders(ctx: click.Context, row: dict[str, Any]) -> None:
     """The holders of one concurrency row, one line each, under the row."""
     for h in row.get("holders", ()):
         age = "" if h["age"] is None else f", running {h['age']:.1f} s"
-        ctx.obj.echo(
-            f"    slot: task {h['task_id']} on {h['worker']}{age}, lease ends {h['lease_expiry']}"
-        )
+        ends = f"lease ends in {h['lease_ends_in']:.1f} s"
+        ctx.obj.echo(f"    seat: task {h['task_id']} on {h['worker']}{age}, {ends}")
 
 
 @click.command(name="release-lease", cls=CeleryCommand)
@@ -98,4 +99,5 @@ def release_lease(ctx: click.Context, name: str, task_id: str, yes: bool) -> Non
         leases.hand_on(promoted)
     except Failure as exc:
         raise click.ClickException(str(exc)) from None
-    ctx.obj.echo(f"freed {count} slot(s); {len(promoted)} parked task(s) released")
+    freed, released = plural(count, "seat"), plural(len(promoted), "parked task")
+    ctx.obj.echo(f"freed {freed}; {released} released")

@@ -1,5 +1,5 @@
 """``celery -A proj funnel parked|release|purge``: the tasks parked in the funnels' Redis
-until their release time (``_park``), listed, released now, or deleted."""
+until their release time (``_stores.park``), listed, released now, or deleted."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from celery.bin.base import CeleryCommand
 
 from .._config.runtime import runtime_for
 from .._limiter.errors import ConfigurationError
+from .._limiter.words import plural
 from .._ops.view import Failure, at
 from .._stores.park import ParkStore
 
@@ -24,7 +25,7 @@ def store_of(ctx: click.Context) -> ParkStore:
     """The app's parked tasks (the funnels' Redis, the key prefix)."""
     runtime = runtime_for(ctx.obj.app)
     try:
-        return ParkStore(runtime.funnel.client, runtime.settings.key_prefix)  # type: ignore[attr-defined]
+        return ParkStore(runtime.funnel.client, runtime.settings.key_prefix)
     except ConfigurationError:
         raise  # the app's own settings, not reaching: the group says it in one line
     except Exception as exc:
@@ -102,11 +103,12 @@ def _act(ctx: click.Context, name: str | None, everything: bool, yes: bool, rele
             return
         what = "release now" if release else "delete (they will never run)"
         if not yes:
-            click.confirm(f"{what}: {total} parked tasks of {name or 'every funnel'}?", abort=True)
+            whose = name or "every funnel"
+            click.confirm(f"{what}: {plural(total, 'parked task')} of {whose}?", abort=True)
         done = store.purge(None if everything else name, release=release)
     except Failure as exc:
         raise click.ClickException(str(exc)) from None
-    ctx.obj.echo(f"{'released' if release else 'purged'} {done} parked tasks")
+    ctx.obj.echo(f"{'released' if release else 'purged'} {plural(done, 'parked task')}")
 
 
 @_acting

@@ -35,11 +35,13 @@ SendEvent = Callable[..., Any]
 
 class Observer:
     """Reports one app's decisions. ``events``: task events are on in this worker
-    (``worker_send_task_events``, or ``celery worker -E``, seen at ``celeryd_init``)."""
+    (``worker_send_task_events``, or ``celery worker -E``, seen at ``celeryd_init``).
+    ``log_waits_over``: a longer wait is also logged at INFO (``funnel_log_waits_over``)."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, log_waits_over: float = 5.0) -> None:
         self.app = app
         self.events = bool(app.conf.worker_send_task_events)
+        self.log_waits_over = log_waits_over
 
     def admitted(self, name: str, task_id: str, funnel: str, *, dry_run: bool = False) -> None:
         """A task passed ``funnel``."""
@@ -84,6 +86,11 @@ class Observer:
         )  # fmt: skip
         if send_event is not None and not dry_run:
             send_event(EVENT, name=name, funnel=funnel, delay=delay, **info)
+        if delay > self.log_waits_over and not dry_run:  # why nothing runs, at INFO
+            logger.info(
+                "celery-funnel: task %s[%s] waits %.1f s for %s (%s)", name, task_id, delay,
+                funnel, info["how"], extra={"celery_funnel": {**record, "event": "waits"}},
+            )  # fmt: skip
 
     def collapsed(self, name: str, task_id: str, funnel: str, kind: str) -> None:
         """A send of task ``name`` published nothing of its own: it joined task

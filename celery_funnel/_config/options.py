@@ -9,13 +9,18 @@ from functools import partial
 from typing import Any
 
 from celery import Task
+from celery.utils.log import get_logger
 
 from .._limiter.concurrency import check_concurrency
 from .._limiter.errors import ConfigurationError
 from .._limiter.limit import Limit, parse_limit, unique_names
+from .._limiter.strategies import capabilities
 from .._limiter.values import check_fields, did_you_mean, to_bool
 from .dedupe import Debounce, Unique, check_dedupe
 from .outage import check_policy
+
+logger = get_logger(__name__)
+_said: set[tuple[int, str, str, str]] = set()  # rate_limit warnings given
 
 OPTIONS = (
     "funnel_rate",
@@ -112,6 +117,7 @@ def limits_from(where: str, get: Getter) -> tuple[Limit, ...]:
     limits: list[Limit] = []
     if get("funnel_rate") is not None:
         spec = {field: get(f"funnel_{field}") for field in _FIELDS}
+        spec["capacity"] = whole(spec["capacity"])
         limits.append(parse_limit(spec, where=where, label="funnel_{}".format))
     more = get("funnel_limits") or ()
     if not isinstance(more, (list, tuple)):
@@ -125,7 +131,7 @@ def limits_from(where: str, get: Getter) -> tuple[Limit, ...]:
         limits.append(parse_limit(spec, where=where, label=f"funnel_limits[{i}]['{{}}']".format))
     own = int(get("funnel_rate") is not None)  # funnel_rate's limit comes first
     unique_names(limits, where, lambda i: f"funnel_limits[{i - own}]['name']")
-    if len(limits) > 1 and any(limit.strategy != "gcra" for limit in limits):
+    if len(limits) > 1 and not all(capabilities(limit.strategy).joint for limit in limits):
         raise ConfigurationError(f"{where}: several limits on one task need the 'gcra' strategy")
     if sum(limit.fair_by is not None for limit in limits) > 1:
         raise ConfigurationError(
@@ -135,10 +141,19 @@ def limits_from(where: str, get: Getter) -> tuple[Limit, ...]:
     return tuple(limits)
 
 
+def whole(value: Any) -> Any:
+    """A whole-number option's value: a string of digits (``"3"``, as Celery's own
+    options take strings) as the int it reads as; anything else as given, for the
+    option's check to accept or refuse."""
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
+        return int(value)
+    return value
+
+
 def _checked(task: Any, name: str, check: Callable[[str, Any], int]) -> int | None:
     """The task's option ``name`` through ``check`` (None when unset)."""
     value = option_of(task, name)
-    return None if value is None else check(f"task {task_name(task)!r}: {name}", value)
+    return None if value is None else check(f"task {task_name(task)!r}: {name}", whole(value))
 
 
 def concurrency_of(task: Any) -> int | None:
@@ -274,16 +289,41 @@ def check_options(where: str, get: Getter, params: list[str] | None) -> None:
         ConfigurationError: naming ``where``, the option and the value.
     """
     limits_from(where, get)
+    check_rate_limit(where, get)
     if get("funnel_concurrency") is not None:
-        check_concurrency(f"{where}: funnel_concurrency", get("funnel_concurrency"))
+        check_concurrency(f"{where}: funnel_concurrency", whole(get("funnel_concurrency")))
     if get("funnel_max_waiting") is not None:
-        check_max_waiting(f"{where}: funnel_max_waiting", get("funnel_max_waiting"))
+        check_max_waiting(f"{where}: funnel_max_waiting", whole(get("funnel_max_waiting")))
     check_dedupe(where, get)
     check_keys(where, get, params)
     if get("funnel_dry_run") is not None:
         to_bool(f"{where}: funnel_dry_run", get("funnel_dry_run"))
     if get("funnel_on_backend_error") is not None:
         check_policy(f"{where}: funnel_on_backend_error", get("funnel_on_backend_error"))
+
+
+def check_rate_limit(where: str, get: Getter) -> None:
+    """Warn (a log line, once per definition) about Celery's ``rate_limit`` on a task
+    with ``funnel_rate``: both apply (Celery's per worker, the funnel's over every
+    worker), the stricter one winning, which is seldom what a move to ``funnel_rate``
+    meant; a per-worker cap beside a shared one stays possible. A ``rate_limit`` every
+    task has from ``task_default_rate_limit`` is left to Celery."""
+    rate_limit, funnel_rate = get("rate_limit"), get("funnel_rate")
+    if rate_limit is None or funnel_rate is None:
+        return
+    app = get("_app")
+    if app is not None and rate_limit == app.conf.get("task_default_rate_limit"):
+        return  # the app's default for every task, not this task's own
+    said = (id(app), where, str(rate_limit), str(funnel_rate))
+    if said in _said:  # a task's options are checked more than once per definition
+        return
+    _said.add(said)
+    logger.warning(
+        "celery-funnel: %s: rate_limit=%r and funnel_rate=%r both apply (rate_limit per"
+        " worker, funnel_rate over every worker); remove rate_limit unless a per-worker"
+        " cap is meant (docs/configuration.md, 'Moving off rate_limit')",
+        where, rate_limit, funnel_rate,
+    )  # fmt: skip
 
 
 def check_orphans(where: str, get: Getter) -> None:

@@ -1,6 +1,6 @@
 """The options and settings reference (docs/reference.md), written from the code's own
 tables: every name of ``options.OPTIONS`` and of the settings' defaults must have a line
-here, or ``tests/unit/test_reference.py`` fails.
+here, or ``tests/unit/test_docs.py`` fails.
 
     python -m celery_funnel._config.reference docs/reference.md
 """
@@ -10,8 +10,20 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from .._limiter import strategies
 from .options import OPTIONS
 from .settings import _DEFAULTS as SETTING_DEFAULTS
+
+
+def _strategy_help() -> str:
+    """Every registered strategy but the default, and which of them book no slot."""
+    others = [name for name in strategies.names() if name != strategies.DEFAULT]
+    plain = [name for name in others if not strategies.capabilities(name).books]
+    text = "or " + ", ".join(f'`"{name}"`' for name in others)
+    if plain == others:
+        return f"{text} (these book no slot)"
+    return f"{text}; " + ", ".join(f'`"{name}"`' for name in plain) + " book no slot"
+
 
 # option -> (default, meaning)
 OPTION_HELP: dict[str, tuple[str, str]] = {
@@ -25,12 +37,9 @@ OPTION_HELP: dict[str, tuple[str, str]] = {
     ),
     "funnel_capacity": (
         "1",
-        "how many may start back to back from an idle funnel (1 to 1 000 000)",
+        'how many may start back to back from an idle funnel (1 to 1 000 000; `3` or `"3"`)',
     ),
-    "funnel_strategy": (
-        '`"gcra"`',
-        'or `"fixed_window"`, `"sliding_window"`, `"sliding_log"` (these book no slot)',
-    ),
+    "funnel_strategy": (f'`"{strategies.DEFAULT}"`', _strategy_help()),
     "funnel_key": (
         "one funnel per task",
         'a format string over the task\'s arguments (`"{customer_id}"`, defaults applied) or'
@@ -67,17 +76,18 @@ OPTION_HELP: dict[str, tuple[str, str]] = {
     ),
     "funnel_concurrency": (
         "none",
-        "at most N running at once across every worker (per `funnel_key` when set), held"
-        " as leases that a dead worker cannot leak (see `funnel_lease_ttl`)",
+        'at most N running at once across every worker (`3` or `"3"`; per `funnel_key` when'
+        " set), held as leases that a dead worker cannot leak (see `funnel_lease_ttl`)",
     ),
     "funnel_max_waiting": (
         "none",
         "producer back-pressure: `delay`/`apply_async` raise"
         " `celery_funnel.TooManyWaitingError` (nothing sent) while this many tasks of the"
-        " funnel (per `funnel_key`) are sent and not yet started; a task leaves the count"
-        " when it starts, is revoked or expires, or fails before starting; an entry never"
-        " seen to leave stops counting after an hour, and `celery funnel reset NAME`"
-        " forgets the count with the funnel",
+        " funnel (per `funnel_key`) are sent and not yet started (the error's `waiting`,"
+        " `limit`, `funnel` and `task` say so); a retry of a task accepted once is never"
+        " refused; a task leaves the count when it starts, is revoked or expires, or fails"
+        " before starting; an entry never seen to leave stops counting after an hour, and"
+        " `celery funnel reset NAME` forgets the count with the funnel",
     ),
     "funnel_unique": (
         "off",
@@ -95,7 +105,8 @@ OPTION_HELP: dict[str, tuple[str, str]] = {
         "off",
         "seconds: sends of one `funnel_key` (required) collapse into one run, with the last"
         " send's arguments, when no send came for this long; every send gets the run's id;"
-        " needs AOF on the funnels' Redis and `funnel_park` (docs/debounce.md)",
+        " needs `funnel_park`, and AOF on the funnels' Redis or the broker's own Redis"
+        " server as funnels' Redis (docs/debounce.md)",
     ),
     "funnel_debounce_max": (
         "none: no bound",
@@ -128,6 +139,14 @@ SETTING_HELP: dict[str, str] = {
     " `consumer_timeout` (1800 s -> 900 s)",
     "funnel_reservation": "deferred tasks book their slot; `False`: they compete again"
     " after the funnel's `retry_after`",
+    "funnel_allowance": "`True`: a worker takes k = min(64, rate x 0.05 s, capacity / 2) units of"
+    " a funnel in one call while the funnel keeps at least half its burst free after,"
+    " and starts that many runs without a call each, within 0.05 s; near full, every run"
+    " is decided alone. Only for one GCRA funnel of cost 1 with `funnel_reservation` on"
+    " (no concurrency, fair share, adaptive rate, override or pause, nor a task with an expiry)."
+    " In any window of w seconds a funnel starts at most rate x w + capacity + k x"
+    " workers runs; k <= 1 (under 40/s) takes none. `False` (the default): every run decided"
+    " alone",
     "funnel_max_deferrals": "a task deferred more often fails with `TooManyDeferralsError`"
     " (`None`: no cap)",
     "funnel_throttle_eager": "gate eager runs (`task_always_eager`, `apply()`) too, waiting"
@@ -140,19 +159,39 @@ SETTING_HELP: dict[str, str] = {
     " line) what would have been deferred; a deferred dry-run decision takes no unit and"
     " books nothing, so the counts are what the funnel would have admitted",
     "funnel_park": "park waits longer than `funnel_park_after` in the funnels' Redis"
-    ' instead of the broker, only while that Redis has an append-only file (`"auto"`);'
-    " `True` insists (a Redis without AOF stops the worker at start); `False` never parks",
+    " instead of the broker, only where a task waits there as safely as in the broker's"
+    ' queue (`"auto"`): that Redis has an append-only file, or is the broker\'s own Redis'
+    " server; `True` insists (a Redis that is neither stops the worker at start); `False`"
+    " never parks",
     "funnel_park_after": "seconds (0 to 3600, at most the countdown cap); shorter waits"
     " are held in the worker",
     "funnel_park_lease": "seconds (1 to 3600) a releaser's claim lasts: a releaser that"
     " dies is replaced after this long",
     "funnel_lease_ttl": "seconds (0.5 to 3600) a concurrency slot lasts unless its worker"
     " renews it: a dead worker's slots return after this long",
+    "funnel_log_waits_over": "seconds (0 to 31 536 000); a deferral whose wait is longer is"
+    " logged at INFO by the worker, once per deferral: `task NAME[ID] waits N.N s for FUNNEL"
+    " (held|parked|republished)`; shorter waits are logged at DEBUG only",
+    "funnel_log_summary_every": "seconds (0 to 86 400; 0: never); while tasks wait on a funnel,"
+    " each worker logs one INFO line per funnel this often: `funnel FUNNEL: N held and N"
+    " republished in this worker, N parked; the next due at HH:MM:SS UTC`",
 }
 
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
+
+
+def anchor(name: str, setting: bool = False) -> str:
+    """The id of ``name``'s row: the name itself (``reference.md#funnel_rate``), or
+    ``setting-<name>`` for a setting that shares its name with an option."""
+    return f"setting-{name}" if setting and name in OPTIONS else name
+
+
+def _name(name: str, setting: bool = False) -> str:
+    """The name cell: a link to its own anchor, kept on one line (docs/extra.css)."""
+    ident = anchor(name, setting)
+    return f'<a class="cf-name" id="{ident}" href="#{ident}"><code>{name}</code></a>'
 
 
 def render() -> str:
@@ -167,6 +206,10 @@ def render() -> str:
         "<!-- written by `python3 dev.py docs` from celery_funnel/_config/reference.py:"
         " do not edit by hand -->",
         "",
+        "Each name links to its own row: `reference.md#funnel_rate` is the option's;"
+        " a setting named as an option is `#setting-<name>`"
+        f" ({', '.join(f'`#setting-{n}`' for n in SETTING_DEFAULTS if n in OPTIONS)}).",
+        "",
         "## Task options",
         "",
         "Set them on the decorator of a task with `base=FunnelTask`"
@@ -178,7 +221,7 @@ def render() -> str:
     ]
     for name in OPTIONS:
         default, meaning = OPTION_HELP[name]
-        lines.append(f"| `{name}` | {_cell(default)} | {_cell(meaning)} |")
+        lines.append(f"| {_name(name)} | {_cell(default)} | {_cell(meaning)} |")
     lines += [
         "",
         "## Settings",
@@ -190,7 +233,7 @@ def render() -> str:
         "| --- | --- | --- |",
     ]
     for name, value in SETTING_DEFAULTS.items():
-        lines.append(f"| `{name}` | `{value!r}` | {_cell(SETTING_HELP[name])} |")
+        lines.append(f"| {_name(name, setting=True)} | `{value!r}` | {_cell(SETTING_HELP[name])} |")
     return "\n".join(lines) + "\n"
 
 

@@ -9,7 +9,6 @@ from collections.abc import Mapping
 from functools import cached_property
 from typing import Any
 
-from .._limiter.backends.base import Funnel
 from .._limiter.backends.redis import RedisFunnel
 from .._limiter.errors import ConfigurationError
 from .._limiter.keys import limit_key, task_key
@@ -18,10 +17,12 @@ from .._stores.check import Finding, check, report
 from .._stores.debounce import DebounceStore
 from .._stores.persistence import Persistence
 from .._stores.unique import UniqueStore
+from .broker import BrokerRedis
 from .countdown import CountdownPolicy, policy_for
 from .observe import Observer
 from .outage import OutageLog
 from .settings import FunnelSettings, read_setting
+from .waiting import WaitPolicy
 
 ATTRIBUTE = "_celery_funnel_runtime"
 logger = logging.getLogger("celery_funnel")
@@ -34,7 +35,7 @@ class Runtime:
         self.app = app
         self._lock = threading.Lock()
         self.installed = False
-        self.outage = OutageLog(app, on_recovered=self._recovered)
+        self.outage = OutageLog(app, on_recovered=self._recovered, probe=self._probe)
 
     @cached_property
     def settings(self) -> FunnelSettings:
@@ -58,7 +59,7 @@ class Runtime:
         return dict(options)
 
     @cached_property
-    def funnel(self) -> Funnel:
+    def funnel(self) -> RedisFunnel:
         target = self.settings.require_redis()
         options = self.redis_options
         if isinstance(target, str):
@@ -74,7 +75,11 @@ class Runtime:
 
     @cached_property
     def observer(self) -> Observer:
-        return Observer(self.app)
+        return Observer(self.app, self.settings.log_waits_over)
+
+    def _probe(self) -> None:
+        """Raise unless the funnels' Redis answers (the outage's probe)."""
+        self.funnel.client.ping()
 
     def _recovered(self) -> None:
         """The funnels' Redis answers again: it may have restarted (empty), so what it
@@ -85,27 +90,43 @@ class Runtime:
 
     @cached_property
     def persistence(self) -> Persistence:
-        """Whether tasks may be parked in the funnels' Redis (``funnel_park``)."""
-        return Persistence(lambda: self.funnel.client, self.settings.park)  # type: ignore[attr-defined]
+        """Whether tasks may be parked in the funnels' Redis (``funnel_park``): where
+        it has AOF, or is the broker's own Redis server (``_stores.persistence.Rule``)."""
+        broker = self.broker
+        return Persistence(
+            lambda: self.funnel.client, self.settings.park,
+            broker=broker.client if broker.redis else None, broker_why=broker.why,
+        )  # fmt: skip
+
+    @cached_property
+    def broker(self) -> BrokerRedis:
+        """The broker's Redis server, asked only whether it is the funnels' Redis."""
+        return BrokerRedis(self.app.conf)
 
     @cached_property
     def backlog(self) -> Backlog:
         """The backlogs of tasks sent and not yet started (``funnel_max_waiting``)."""
-        return Backlog(self.funnel.client)  # type: ignore[attr-defined]
+        return Backlog(self.funnel.client)
 
     @cached_property
     def unique(self) -> UniqueStore:
         """The keys of unique tasks (``funnel_unique``)."""
-        return UniqueStore(self.funnel.client)  # type: ignore[attr-defined]
+        return UniqueStore(self.funnel.client)
 
     @cached_property
     def debounce(self) -> DebounceStore:
         """The windows of debounced tasks (``funnel_debounce``)."""
-        return DebounceStore(self.funnel.client, self.settings.key_prefix)  # type: ignore[attr-defined]
+        return DebounceStore(self.funnel.client, self.settings.key_prefix)
 
     @cached_property
     def countdowns(self) -> CountdownPolicy:
         return policy_for(self.app.conf, self.settings.max_countdown)
+
+    @cached_property
+    def waiting(self) -> WaitPolicy:
+        """How a refused run waits (``_config.waiting``): asked by every place that
+        makes one wait."""
+        return WaitPolicy.of(self.settings.park_after, self.countdowns)
 
     def check_backend(self) -> list[Finding]:
         """Check the funnels' Redis (``backends._check.check``: credentials, ACL,
@@ -116,7 +137,10 @@ class Runtime:
         funnel = self.funnel
         if not isinstance(funnel, RedisFunnel):
             return []
-        findings = check(funnel, self.settings.key_prefix, parking=self.settings.park)
+        findings = check(
+            funnel, self.settings.key_prefix, parking=self.settings.park,
+            persistence=self.persistence,
+        )  # fmt: skip
         report(findings, logger)
         return findings
 
@@ -127,13 +151,16 @@ class Runtime:
         funnel = self.__dict__.pop("funnel", None)
         if funnel is not None:
             funnel.client.close()
+        broker = self.__dict__.get("broker")
+        if broker is not None:
+            broker.close()
 
     def task_key(self, task_name: str, key_part: str = "", index: int | None = None) -> str:
-        """The funnel key of a FunnelTask's limit (``_keys.task_key`` under the prefix)."""
+        """The funnel key of a FunnelTask's limit (``_limiter.keys.task_key`` under the prefix)."""
         return task_key(self.settings.key_prefix, task_name, key_part, index)
 
     def limit_key(self, pattern: str | None, worker: str = "") -> str:
-        """The funnel key of a worker-wide limit (``_keys.limit_key`` under the prefix)."""
+        """The funnel key of a worker-wide limit (``_limiter.keys.limit_key`` under the prefix)."""
         return limit_key(self.settings.key_prefix, pattern, worker)
 
 

@@ -23,17 +23,19 @@ from .._limiter.values import (
     number,
     to_bool,
 )
+from .options import OPTIONS
 from .outage import check_policy
 
 __all__ = ["FunnelSettings", "check_names", "read_setting", "setting_name"]
 
 _DEFAULTS: dict[str, Any] = {
     "funnel_redis_url": None,
-    "funnel_redis_options": None,  # read and checked by _runtime.Runtime.redis_options
+    "funnel_redis_options": None,  # read and checked by _config.runtime.Runtime.redis_options
     "funnel_limits": {},
     "funnel_key_prefix": "funnel:",
     "funnel_max_countdown": None,
     "funnel_reservation": True,
+    "funnel_allowance": False,
     "funnel_max_deferrals": 1000,
     "funnel_throttle_eager": False,
     "funnel_socket_timeout": 1.0,
@@ -43,6 +45,8 @@ _DEFAULTS: dict[str, Any] = {
     "funnel_park_after": 5.0,
     "funnel_park_lease": 30.0,
     "funnel_lease_ttl": 30.0,
+    "funnel_log_waits_over": 5.0,
+    "funnel_log_summary_every": 60.0,
 }
 
 
@@ -64,8 +68,6 @@ def setting_name(key: object) -> str | None:
     if not name.startswith("funnel_"):
         return None
     if text.isupper() and not text.startswith("CELERY_") and name not in _DEFAULTS:
-        from .options import OPTIONS  # noqa: PLC0415 - it imports this module
-
         return name if did_you_mean(name, [*_DEFAULTS, *OPTIONS]) else None
     return name
 
@@ -77,8 +79,6 @@ def check_names(conf: Mapping[str, Any]) -> None:
     Raises:
         ConfigurationError: naming the key and its value.
     """
-    from .options import OPTIONS  # noqa: PLC0415 - it imports this module
-
     for key in list(conf):
         name = setting_name(key)
         if name is None or name in _DEFAULTS:
@@ -141,7 +141,8 @@ def _park_mode(value: Any) -> bool | str:
         return to_bool("funnel_park", value)
     except ConfigurationError:
         raise ConfigurationError(
-            f"funnel_park must be 'auto' (park where the funnels' Redis has AOF on), True"
+            f"funnel_park must be 'auto' (park where the funnels' Redis has AOF on or is the"
+            f" broker's own Redis server), True"
             f" or False, got {value!r}"
         ) from None
 
@@ -167,18 +168,24 @@ class FunnelSettings:
     key_prefix: str = "funnel:"
     max_countdown: float | None = None
     reservation: bool = True
+    # a worker takes k units of a fast funnel at once and spends them itself while the
+    # funnel is far from full (_gate.allowance; only where reservation is on)
+    allowance: bool = False
     max_deferrals: int | None = 1000
     throttle_eager: bool = False
     socket_timeout: float = 1.0
     on_backend_error: str = "defer"
     dry_run: bool = False
     # park waits longer than park_after in Redis (not the broker): "auto" where that
-    # Redis has AOF on (_persistence), True insists, False never
+    # Redis has AOF on or is the broker's own server (_stores.persistence), True
+    # insists, False never
     park: bool | str = "auto"
     park_after: float = 5.0  # seconds
     park_lease: float = 30.0  # seconds a releaser's claim lasts
     concurrency: tuple[Concurrency, ...] = ()  # funnel_limits entries with "concurrency"
     lease_ttl: float = 30.0  # seconds a concurrency slot lasts unless renewed
+    log_waits_over: float = 5.0  # a longer wait is logged at INFO (one line per deferral)
+    log_summary_every: float = 60.0  # while tasks wait, a line per funnel this often (0: off)
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> FunnelSettings:
@@ -208,6 +215,7 @@ class FunnelSettings:
             key_prefix=prefix,
             max_countdown=countdown,
             reservation=to_bool("funnel_reservation", get("funnel_reservation")),
+            allowance=to_bool("funnel_allowance", get("funnel_allowance")),
             max_deferrals=_max_deferrals(get("funnel_max_deferrals")),
             throttle_eager=to_bool("funnel_throttle_eager", get("funnel_throttle_eager")),
             socket_timeout=number(
@@ -222,6 +230,12 @@ class FunnelSettings:
             park_lease=number("funnel_park_lease", get("funnel_park_lease"), 1.0, 3600.0),
             concurrency=concurrency,
             lease_ttl=number("funnel_lease_ttl", get("funnel_lease_ttl"), 0.5, 3600.0),
+            log_waits_over=number(
+                "funnel_log_waits_over", get("funnel_log_waits_over"), 0.0, 31_536_000.0
+            ),
+            log_summary_every=number(
+                "funnel_log_summary_every", get("funnel_log_summary_every"), 0.0, 86_400.0
+            ),
         )
 
     def require_redis(self) -> Any:

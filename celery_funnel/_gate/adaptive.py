@@ -18,10 +18,10 @@ from collections.abc import Mapping, Sequence
 from .._config.runtime import Runtime
 from .._limiter.keys import live_key
 from .._limiter.limit import Limit
-from .._limiter.scripts import Call
+from .._limiter.strategies import capabilities
 from .._limiter.strategies._common import emission_us
-from .._limiter.strategies.adapt import REFUSED, SUCCEEDED, adapt_call, rate_of
-from .charging import Charge
+from .._limiter.strategies.adapt import REFUSED, SUCCEEDED, AdaptOp, rate_of
+from .charges import Charge
 
 __all__ = ["AdaptiveTable", "adaptive_key", "report"]
 
@@ -107,17 +107,17 @@ def report(
     Raises:
         BackendError: when the funnels' Redis fails.
     """
-    adaptive = [c for c in charges if c.limit.adaptive is not None and c.limit.strategy == "gcra"]
+    adaptive = [
+        (c, c.limit.adaptive) for c in charges
+        if c.limit.adaptive is not None and capabilities(c.limit.strategy).adapts
+    ]  # fmt: skip
     if not adaptive:
         return {}
     key, event = adaptive_key(runtime.settings.key_prefix), REFUSED if refused else SUCCEEDED
-    calls: list[Call] = [
-        adapt_call(key, c.key, event, c.limit.adaptive, c.limit.rate, None)  # type: ignore[arg-type]
-        for c in adaptive
-    ]
+    ops = [AdaptOp(key, c.key, spec, c.limit.rate, event) for c, spec in adaptive]
     rates: dict[str, float] = {}
-    for charge, reply in zip(adaptive, runtime.funnel._eval_many(calls), strict=True):
+    for (charge, _), (t_us, _) in zip(adaptive, runtime.funnel.decide(ops), strict=True):
         rate = charge.limit.rate
-        table.put(charge.key, int(reply[0]), emission_us(rate.count, rate.period))
-        rates[charge.key] = 1_000_000 / int(reply[0])
+        table.put(charge.key, t_us, emission_us(rate.count, rate.period))
+        rates[charge.key] = 1_000_000 / t_us
     return rates

@@ -11,23 +11,27 @@ from .._config.options import dry_run_of, policy_of
 from .._config.runtime import Runtime
 from .._limiter.fair import rank
 from .._stores.leases import SlotFunnel
-from .charging import Charge, FairAdmit
-from .judge import State, Subject, label_of
-from .requests import until_expiry
+from .charges import Charge, label_of
+from .charges_decide import FairAdmit
+from .delivery import Delivery, until_expiry
+from .judge import Subject
+from .state import State
 
-__all__ = ["Arrival", "subject_of"]
+__all__ = ["Arrival", "TaskOptions", "subject_of"]
 
 
 class Arrival(NamedTuple):
     """``request`` (a Celery worker Request) on this pass: the funnels it is charged
-    (``charges``), the concurrency slots it needs (``slot_funnels``), the ``state`` its header
-    carried, and the ``subject`` judged (name, id, outage policy, expiry)."""
+    (``charges``), the concurrency slots it needs (``slot_funnels``), the ``state`` its
+    header carried, the ``subject`` judged (name, id, outage policy, expiry) and its
+    ``delivery`` (how long this worker may keep it; whether its copy was accepted)."""
 
     request: Any
     charges: Sequence[Charge]
     slot_funnels: Sequence[SlotFunnel]
     state: State
     subject: Subject
+    delivery: Delivery
 
     @property
     def label(self) -> str:
@@ -35,26 +39,42 @@ class Arrival(NamedTuple):
         return label_of(self.charges)
 
 
+class TaskOptions:
+    """A task's outage policy and dry run: its own ``funnel_on_backend_error`` and
+    ``funnel_dry_run`` where ``own_options(task)`` (a FunnelTask), else the settings';
+    read once per task type (neither changes while the worker runs)."""
+
+    def __init__(self, runtime: Runtime, own_options: Callable[[Any], bool]) -> None:
+        self.runtime, self.own_options = runtime, own_options
+        self._known: dict[str, tuple[str, bool]] = {}
+
+    def __call__(self, task: Any) -> tuple[str, bool]:
+        """``(policy, dry_run)`` of ``task``.
+
+        Raises:
+            ConfigurationError: a bad option value (read again next time).
+        """
+        known = self._known.get(task.name)
+        if known is None:
+            known = self._known[task.name] = self._read(task)
+        return known
+
+    def _read(self, task: Any) -> tuple[str, bool]:
+        settings = self.runtime.settings
+        if not self.own_options(task):
+            return settings.on_backend_error, settings.dry_run
+        return policy_of(task, settings.on_backend_error), dry_run_of(task, settings.dry_run)
+
+
 def subject_of(
-    runtime: Runtime,
-    request: Any,
-    own_options: Callable[[Any], bool],
-    fair: FairAdmit | None,
-    transport: str,
+    request: Any, options: TaskOptions, fair: FairAdmit | None, transport: str
 ) -> Subject:
-    """The subject ``request`` is judged as: its task's own ``funnel_on_backend_error``
-    and ``funnel_dry_run`` where ``own_options(task)`` (a FunnelTask), else the settings';
-    seconds until it expires; ``fair``: the fair-share step (None: none); its priority
-    rank in the order of the broker's ``transport`` ("redis", "amqp" ...)."""
-    settings = runtime.settings
-    task = request.task
+    """The subject ``request`` is judged as: its task's ``options`` (outage policy, dry
+    run); seconds until it expires; ``fair``: the fair-share step (None: none); its
+    priority rank in the order of the broker's ``transport`` ("redis", "amqp" ...)."""
     until = until_expiry(request)
     expires_in = None if math.isinf(until) else until
-    if own_options(task):
-        policy = policy_of(task, settings.on_backend_error)
-        dry_run = dry_run_of(task, settings.dry_run)
-    else:
-        policy, dry_run = settings.on_backend_error, settings.dry_run
+    policy, dry_run = options(request.task)
     priority = rank(transport, (request.delivery_info or {}).get("priority"))
     return Subject(
         request.name, request.id, policy, dry_run, expires_in=expires_in, fair=fair,

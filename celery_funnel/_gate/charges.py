@@ -14,16 +14,35 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from .._config.runtime import Runtime
+from .._limiter.fair import Fair
 from .._limiter.limit import Limit, fixed
-from .charging import Charge
 
-__all__ = ["MAPS", "Charges", "matching"]
+__all__ = ["MAPS", "Charge", "Charges", "label_of", "matching"]
 
 MAPS = ("celery.map", "celery.starmap")
+_UNSEEN: Any = object()  # a task type whose own charges were not looked up yet
+
+
+@dataclass(frozen=True)
+class Charge:
+    """One funnel a run of a task pays: ``cost`` units of ``limit`` on ``key``;
+    ``label`` names it in signals and logs (the task name, or ``limit:<pattern>``)."""
+
+    limit: Limit
+    key: str
+    cost: int
+    label: str
+    fair: Fair | None = None  # its tenant, on a fair-share funnel (_limiter.fair)
+
+
+def label_of(charges: Sequence[Charge]) -> str:
+    """The funnels' names, joined: what a deferral by all of them reports."""
+    return "+".join(dict.fromkeys(charge.label for charge in charges))
 
 
 class _Patterned(Protocol):
@@ -42,12 +61,20 @@ def matching(entries: Iterable[P], name: str) -> tuple[P, ...]:
     )
 
 
+OwnCharges = Callable[[Runtime, Sequence[Any], Mapping[str, Any]], Iterable[Charge]]
+"""What one run of a task pays on its own funnels (its ``funnel_*`` options)."""
+OwnOf = Callable[[Any], "OwnCharges | None"]
+"""A registered task's own charges (None: it has none): ``_celery.task.own_charges``."""
+
+
 class Charges:
     """Builds the charges of task requests for one app in one worker (``hostname``:
-    the node name, for ``"scope": "worker"`` limits)."""
+    the node name, for ``"scope": "worker"`` limits; ``own_of(task)``: a task's own
+    charges)."""
 
-    def __init__(self, runtime: Runtime, app: Any, hostname: str) -> None:
-        self.runtime, self.app, self.hostname = runtime, app, hostname
+    def __init__(self, runtime: Runtime, app: Any, hostname: str, own_of: OwnOf) -> None:
+        self.runtime, self.app, self.hostname, self.own_of = runtime, app, hostname, own_of
+        self._own: dict[str, OwnCharges | None] = {}  # per task type, once registered
         self._by_name: dict[str, tuple[Limit, ...]] = {}
         self._fixed: dict[str, tuple[Charge, ...]] = {}  # per task name, when all fixed
 
@@ -76,8 +103,12 @@ class Charges:
         if type_ in MAPS:
             return self._of_map(type_, args, kwargs)
         charges: list[Charge] = []
-        task = self.app.tasks.get(type_)
-        own = getattr(task, "_funnel_charges", None)
+        own = self._own.get(type_, _UNSEEN)
+        if own is _UNSEEN:
+            task = self.app.tasks.get(type_)
+            own = self.own_of(task)
+            if task is not None:
+                self._own[type_] = own
         if own is not None:
             charges.extend(own(self.runtime, args, kwargs))
         charges.extend(self._worker_charges(name, args, kwargs))

@@ -1,41 +1,35 @@
-"""The worker's side of fair-share funnels (``_fair``): the gate's step, the queueing
-of a refused task, and the dispatcher each worker's releaser runs.
+"""The gate's side of fair-share funnels (``_limiter.fair``): the gate's step and the
+queueing of a refused task; the dispatcher each worker's releaser runs is
+``_celery.dispatch``'.
 
 A task on a fair funnel is decided on that funnel first, alone (``fair_admit.lua``):
 admitted when nothing waits and the funnel has room, or when the dispatcher booked it a
 slot that is due; else it is parked with no release time (``SAFETY_SECONDS``, a net
 should its queue entry be lost) and joins its tenant's queue. The dispatcher books the
-funnel's next free slots (``HORIZON_SECONDS`` ahead at most) for the waiting tasks in
-weighted round-robin order, and makes their parked entries due at their slots: the
+funnel's next free slots (``_celery.dispatch.HORIZON_SECONDS`` ahead at most) for the
+waiting tasks in weighted round-robin order, and makes their parked entries due at their slots: the
 releaser publishes them, and the gate admits each at its slot without charging again.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._limiter.errors import BackendError
 from .._limiter.fair import Fair, weight_of
 from .._limiter.limit import Limit, Verdict, select_part
 from .._limiter.strategies.gcra import shape
 from .._limiter.strategies.reservation import DEFAULT_EARLY_SECONDS
 from .._stores.fair import FairStore
-from .charging import Charge
+from .charges import Charge
 
-__all__ = ["Dispatcher", "Queues", "admit", "fair_charge", "fair_of", "shape_of"]
+__all__ = ["ENLIST_SECONDS", "FUNNELS", "Queues", "admit", "fair_charge", "fair_of", "shape_of"]
 
-logger = logging.getLogger("celery_funnel")
 
 US = 1_000_000
 SAFETY_SECONDS = 3600.0  # a queued task is released then if no dispatcher booked it
-HORIZON_SECONDS = 0.25  # slots booked ahead: a newly waiting tenant waits this much more
-DISPATCH_PAUSE_SECONDS = 0.05  # the longest pause between passes while tasks wait
-BATCH = 200  # tasks booked per funnel per pass
-FUNNELS = 100  # fair funnels served per pass
-DELIST_AFTER_SECONDS = 10.0  # a funnel seen empty is forgotten when no task joined since
+FUNNELS = 100  # fair funnels served per pass (and enlisted per worker, at most)
 ENLIST_SECONDS = 1.0  # a worker tells the dispatchers at most this often per funnel
 
 
@@ -92,7 +86,7 @@ def admit(store: FairStore, task_id: str, charge: Charge, stale: int) -> Verdict
 class Queues:
     """A worker's side of the waiting queues: puts parked tasks in them, and tells the
     dispatchers which funnels have waiting tasks (at most every ``ENLIST_SECONDS`` per
-    funnel from one worker, which ``DELIST_AFTER_SECONDS`` allows for)."""
+    funnel from one worker, which ``_celery.dispatch.DELIST_AFTER_SECONDS`` allows for)."""
 
     def __init__(self, store: FairStore) -> None:
         self.store = store
@@ -115,39 +109,3 @@ class Queues:
             if len(self._enlisted) > FUNNELS:  # bounded: many funnels, one cache
                 self._enlisted.clear()
             self._enlisted[charge.key] = now
-
-
-class Dispatcher:
-    """Hands the free slots of every fair funnel with waiting tasks to them (one pass
-    per ``tick``); any number of workers may run one at once: each step is atomic."""
-
-    def __init__(self, store: FairStore, late: float = 10.0) -> None:
-        self.store, self.late = store, late
-        self._offset = 0  # more than FUNNELS funnels are served in turns
-
-    def tick(self) -> float | None:
-        """One pass; how long to pause before the next (None: no funnel waits)."""
-        funnels = self.store.enlisted(FUNNELS, self._offset)
-        if not funnels and self._offset:
-            self._offset = 0
-            funnels = self.store.enlisted(FUNNELS)
-        self._offset = self._offset + FUNNELS if len(funnels) == FUNNELS else 0
-        for key in funnels:
-            self._serve(key)
-        return DISPATCH_PAUSE_SECONDS if funnels else None
-
-    def _serve(self, key: str) -> None:
-        try:
-            popped = self.store.pop(key, HORIZON_SECONDS, BATCH, self.late)
-        except BackendError as error:  # one funnel failing does not stop the others
-            logger.info("celery-funnel: dispatching fair funnel %s failed: %s", key, error)
-            return
-        if popped.slots:
-            gone = self.store.due(popped.slots)
-            if gone:
-                logger.info(
-                    "celery-funnel: %d slot(s) of fair funnel %s unused: their tasks no"
-                    " longer wait parked (purged or released)", len(gone), key,
-                )  # fmt: skip
-        if popped.tenants == 0:
-            self.store.delist(key, DELIST_AFTER_SECONDS)

@@ -1,6 +1,8 @@
 """The requests the worker gate holds on the consumer's timer, like ETA tasks: dropped
 when the broker connection closes, and swept once a second for revoked ones, which end
-at once (as Celery ends revoked tasks) and give the slot they booked back.
+at once (as Celery ends revoked tasks) and give the slot they booked back, and for ones
+past their delivery's deadline (a timer that fires late: a stalled event loop), which
+go back to the broker.
 
 A held request is the first argument of its timer entry and leaves the worker's
 reserved set while it waits, as Celery's ETA tasks do: ``celery inspect scheduled``
@@ -11,18 +13,24 @@ from __future__ import annotations
 
 import datetime
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from celery.worker import state as worker_state
 from celery.worker.state import reserved_requests, task_ready, task_reserved
 from celery.worker.state import revoked as revoked_tasks
 
 from .._config.runtime import Runtime
-from .._stores.give_back import give_back
-from .charging import Charge, joint
+from .._limiter.strategies import capabilities
+from .._stores.give_back import CancelOp
+from .charges import Charge
+from .charges_decide import joint
+from .delivery import hand_back, overdue
+from .nudge import Nudge
 from .state import State
 
-__all__ = ["Held", "give_back_booking"]
+__all__ = ["Held", "cancel_run_booking"]
 
 logger = logging.getLogger("celery_funnel")
 
@@ -30,14 +38,14 @@ SWEEP_SECONDS = 1.0
 Release = Callable[[Any, Sequence[Charge], State], Any]
 
 
-def give_back_booking(
+def cancel_run_booking(
     runtime: Runtime, charges: Sequence[Charge], state: State, ticket: str
 ) -> None:
-    """Give back the slot ``ticket`` booked (on the funnels not yet passed), if any;
+    """Cancel the booking ``ticket`` holds (on the funnels not yet passed), if any;
     a failure is logged, never raised (the slot then passes unused)."""
     pending = [
         c for i, c in enumerate(charges)
-        if c.cost > 0 and i not in state.passed and c.limit.strategy == "gcra"
+        if c.cost > 0 and i not in state.passed and capabilities(c.limit.strategy).books
     ]  # fmt: skip
     if not state.booked or not pending:
         return
@@ -47,7 +55,7 @@ def give_back_booking(
         (c.limit.capacity - 1, c.limit.rate.count, c.limit.rate.period, c.cost) for c in pending
     ]
     try:
-        give_back(runtime.funnel, [c.key for c in pending], shapes, ticket)
+        runtime.funnel.decide([CancelOp([c.key for c in pending], shapes, ticket)])
     except Exception as error:  # the slot passes unused: no worse than not trying
         logger.warning("celery-funnel: could not give back the slot of %s: %r", ticket, error)
 
@@ -60,6 +68,7 @@ class Held:
         self._held: dict[str, tuple[Any, Any, Sequence[Charge], State]] = {}
         self._etas: dict[str, Any] = {}  # the eta each held request came with
         self._sweeper: Any = None
+        self.nudge = Nudge(consumer)  # wakes held requests from other threads, at once
         # the result backends used to end tasks here (Celery keeps one per thread)
         self.backends: dict[int, Any] = {}
 
@@ -83,6 +92,7 @@ class Held:
         """Hold ``request`` for ``delay`` seconds, outside the prefetch window (so that
         other tasks keep flowing while it waits), as Celery holds ETA tasks."""
         timer = self.consumer.timer
+        self.nudge.watch()  # on the loop: a wake from another thread reaches it at once
         self.consumer.qos.increment_eventually()
         entry = timer.call_after(delay, self._due, (request,), priority=6)
         self._held[request.id] = (request, entry, charges, state)
@@ -115,9 +125,21 @@ class Held:
 
     def wake(self, labels: set[str]) -> None:
         """Decide again now every held request charged by a funnel of ``labels`` (their
-        limits changed). Safe from another thread: only one timer entry is added here,
-        and the requests are woken where their timers run."""
-        self.consumer.timer.call_after(0.0, self._wake, (frozenset(labels),), priority=6)
+        limits changed). Safe from another thread: the requests are woken on the event
+        loop, at once (``Nudge``)."""
+        self.nudge.call(self._wake, frozenset(labels))
+
+    def wake_tasks(self, task_ids: list[str]) -> None:
+        """Decide again now the held requests of ``task_ids`` (a seat was handed to
+        them: held waiters). Safe from another thread, as ``wake``."""
+        self.nudge.call(self._wake_tasks, tuple(task_ids))
+
+    def _wake_tasks(self, task_ids: tuple[str, ...]) -> None:
+        for task_id in task_ids:
+            held = self._held.get(task_id)
+            if held is not None:
+                self.forget(task_id)
+                self.release(held[0], held[2], held[3])
 
     def _wake(self, labels: frozenset[str]) -> None:
         for task_id, (request, _entry, charges, state) in list(self._held.items()):
@@ -127,17 +149,19 @@ class Held:
                 self.release(request, charges, state._replace(booked=False))
 
     def sweep(self) -> None:
-        """End every held request that was revoked meanwhile, giving its slot back."""
+        """End every held request that was revoked meanwhile, giving its slot back; hand
+        back every one past its delivery's deadline."""
+        now = time.monotonic()
         # list() copies at once: without an event loop the timer runs on its own thread
-        for task_id in [t for t in list(self._held) if t in revoked_tasks]:
-            held = self._held.get(task_id)
-            if held is None:
-                continue
-            request, _entry, charges, state = held
-            self.forget(task_id)
-            give_back_booking(self.runtime, charges, state, task_id)
-            self.backend_of(request)
-            request.revoked()  # REVOKED, task_revoked, acked: as Celery ends them
+        for task_id, (request, _entry, charges, state) in list(self._held.items()):
+            if task_id in revoked_tasks:
+                self.forget(task_id)
+                cancel_run_booking(self.runtime, charges, state, task_id)
+                self.backend_of(request)
+                request.revoked()  # REVOKED, task_revoked, acked: as Celery ends them
+            elif overdue(request, now):
+                self.forget(task_id)
+                hand_back(request, "held past its delivery's deadline")
 
     def drop(self) -> int:
         """Forget every held request: the broker connection they came on is gone, and
@@ -160,6 +184,7 @@ class Held:
         if self._sweeper is not None:
             self.consumer.timer.cancel(self._sweeper)
             self._sweeper = None
+        self.nudge.close()
         backends, self.backends = self.backends, {}
         for backend in backends.values():
             pool = getattr(getattr(backend, "client", None), "connection_pool", None)
@@ -172,6 +197,9 @@ def _scheduled(request: Any, delay: float) -> Any:
     scheduled`` reads a timer entry's request and its ``eta``), not reserved; the eta
     it came with is returned, to be put back."""
     reserved_requests.discard(request)
+    scheduled = getattr(worker_state, "task_scheduled", None)  # newer Celery only
+    if scheduled is not None:  # ``inspect query_task`` then says "scheduled", not "ready"
+        scheduled(request)
     own = getattr(request, "_eta", None)
     now = datetime.datetime.now(datetime.timezone.utc)
     _set_eta(request, now + datetime.timedelta(seconds=delay))

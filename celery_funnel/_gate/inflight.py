@@ -1,190 +1,169 @@
-"""Decisions in flight: the worker gate sends a first arrival's decision (one script)
-without waiting for the reply, on a connection of its own that the consumer's event loop reads, and
-carries the request on when the reply arrives.
+"""Decisions in flight (``InFlightDecisions``): the worker gate sends a run's decision
+without waiting, on its own connection (``inflight_connection``, read the lean way where
+it can: ``inflight_lean``), and carries the run on when the reply comes, through the
+same steps as a decision waited for. While the reply travels, the message is kept out
+of the consumer's prefetch window (``window``, bounded), so that the next one is
+fetched meanwhile.
 
-Waiting for the reply on the event loop's thread stalls everything else the consumer
-does for a round trip, plus the wake-up (and, on the threads pool, the wait for the
-GIL): about twice the decision's own time, measured on one worker. Here the call is
-what the decision would send (``backends._chain.Capture`` records it), and the reply
-is decoded by the same decision replayed on it (``Replay``), so both ways decide alike.
+A reply that admits (the script's ``admits``, its ``admitted`` in Python) is the one
+ruling every admitted run gets: it is reported as ``judge`` reports it and the run goes
+on, without replaying the decision on the reply (a sixth of the gate's calls per
+task); any other reply is decoded by the decision replayed.
 
-Replies come back in the order the calls went out (one connection). A reply that is an
-error, or a connection that fails, sends each request still waiting through the
-ordinary decision (which reloads a lost script and applies the outage policy): at
-worst a request is charged twice, which admits less, never more. When the broker
-connection closes, the requests in flight are forgotten, as held ones are: the broker
-delivers them again.
-"""
+A simple run on a fast funnel asks for an allowance in its call (``allowance``): the
+units its reply takes beyond its own are held, and the next runs of that funnel are
+admitted on them (``spend``) without a call, as a reply that admits is reported."""
 
 from __future__ import annotations
 
-import logging
-import time
-from collections import deque
-from collections.abc import Callable
-from functools import cached_property
-from typing import Any, TypeVar
+import dataclasses
+from collections.abc import Callable, Hashable, Sequence
+from functools import partial
+from typing import Any
 
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .._limiter.backends._chain import Capture, Captured, Replay
-from .._limiter.scripts import Call
-from .lean import Lean, lean
+from .._config.runtime import Runtime
+from .._limiter.scripts import Admits, Call
+from .._stores.leases import Lease
+from .allowance import Allowances, Keep
+from .arrival import Arrival
+from .charges import Charge
+from .inflight_connection import InFlight
+from .judge import RUN, Ruling, Subject, judge
+from .live import Live
+from .state import State
+from .window import Window
 
-__all__ = ["InFlight"]
+__all__ = ["STAND_IN", "InFlightDecisions"]
 
-logger = logging.getLogger("celery_funnel")
-T = TypeVar("T")
+# What a call captured for the calls cache carries where the task id goes: no task id is
+# this string (Celery's are UUIDs; a user's own ids are printable)
+STAND_IN = "\x00celery-funnel:task-id"
+CALLS = 1024  # the calls cache's bound: one entry per set of charges and state
+_UNSEEN: Any = object()  # a key the calls cache has not seen
 
-# Decisions go in flight only while no task is deferred: a limited funnel's tasks are
-# decided as before, each waiting for its reply. A 10 000-task burst at 500/s, all its
-# decisions in flight, took 142 s (its tickets went stale over and over while the
-# busier consumers fell behind) against 54 s waiting for each reply.
-CALM_SECONDS = 1.0
-
-Resume = Callable[[Any], None]
-"""Carries one request on: called with the reply, or with the exception that stands
-for it (an error reply, a lost connection)."""
+Decide = Callable[[Arrival], Ruling]  # decide the ordinary way (waiting for Redis)
+Decided = Callable[[Arrival, Ruling, "Lease | None"], Any]  # act on a decision
+Fail = Callable[[Any, BaseException, bool], Any]  # fail the request (reported or not)
 
 
-class InFlight:
-    """The gate's decisions in flight on the store ``funnel()`` gives (a
-    ``RedisFunnel``), read by ``hub`` (the consumer's event loop; None: every decision
-    waits for its reply)."""
+class InFlightDecisions:
+    """The decisions of one worker gate sent without waiting: ``decide`` decides a run
+    the ordinary way, ``decided`` acts on a decision, ``fail`` fails a request;
+    ``window``: the consumer's prefetch window (None: left alone); ``allowances``: the
+    units this worker holds (None: none taken)."""
 
-    def __init__(self, funnel: Callable[[], Any], hub: Any) -> None:
-        self.funnel, self.hub = funnel, hub
-        self.connection: Any = None
-        self.fd: int | None = None
-        self.lean: Lean | None = None  # the connection's socket read directly (_lean)
-        self.pending: deque[Resume] = deque()
-        self.calm_from = 0.0  # monotonic time from which decisions go in flight again
+    def __init__(
+        self, runtime: Runtime, live: Live, inflight: InFlight,
+        decide: Decide, decided: Decided, fail: Fail, window: Window | None = None,
+        allowances: Allowances | None = None,
+    ) -> None:  # fmt: skip
+        self.runtime, self.live, self.inflight = runtime, live, inflight
+        self.decide, self.decided, self.fail = decide, decided, fail
+        self.window, self.allowances = window, allowances
+        # the call per charges, state and subject, task id aside
+        self.calls: dict[Hashable, Call | None] = {}
 
-    @cached_property
-    def pool(self) -> Any:
-        """The funnel client's connection pool (None: a Cluster, or no Redis)."""
-        return getattr(getattr(self.funnel(), "client", None), "connection_pool", None)
+    def spend(self, arrival: Arrival) -> Ruling | None:
+        """``arrival``'s run paid by a unit this worker holds (``Allowances``): the
+        ruling that admits it, reported as ``judge`` reports it; None: decide it."""
+        if self.allowances is None or not self.allowances.spend(arrival):
+            return None
+        return self._admitted(arrival.subject, arrival.label)
 
-    @property
-    def on(self) -> bool:
-        """Whether decisions can be sent without waiting (a hub, a pooled client), and
-        none was deferred in the last ``CALM_SECONDS``."""
-        if time.monotonic() < self.calm_from:
+    def send(self, arrival: Arrival) -> bool:
+        """Send ``arrival``'s decision without waiting for it, when it is one script
+        call: not for fair-share funnels (their step is not one call) nor paused ones
+        (decided here, no call). Only a first arrival's, and only while no task was
+        deferred lately (``inflight_connection.CALM_SECONDS``): a task that waits comes back to
+        redeem its slot at its time, decided as before."""
+        charges, state = arrival.charges, arrival.state
+        if state.deferrals or not self.inflight.on or any(c.fair for c in charges):
             return False
-        return self.hub is not None and hasattr(self.hub, "add_reader") and self.pool is not None
-
-    def deferred(self) -> None:
-        """A decision deferred its task: decide the next ones waiting for the reply,
-        until the funnels have been calm for ``CALM_SECONDS``."""
-        self.calm_from = time.monotonic() + CALM_SECONDS
-
-    @staticmethod
-    def capture(decide: Callable[[Any], T]) -> tuple[Call | None, T | None]:
-        """The one script call ``decide(store)`` makes, or ``(None, its answer)`` when
-        it decided without one."""
+        if self.runtime.outage.down:  # decided the ordinary way: the outage policy
+            return False
+        if self.live.overrides.paused(charges) is not None:
+            return False
+        subject, charges = arrival.subject, self.live.apply(charges)
+        decide = partial(judge, self.runtime, subject, charges, state)
+        call = self.call(subject, charges, state)
+        if call is None:  # decided without Redis: decide again the ordinary way
+            return False
+        keep = None
+        if self.allowances is not None:  # one funnel's units at once, where they may be
+            call, keep = self.allowances.wanted(arrival, charges, call)
+        left = self.window is not None and self.window.leave()
+        resume = partial(self._resume, arrival, decide, call[0].admits, left, keep=keep)
         try:
-            return None, decide(Capture())
-        except Captured as captured:
-            return captured.call, None
+            self.inflight.send(call, resume)
+        except (RedisError, OSError):  # the ordinary way, with the outage policy
+            self._enter(left)
+            return False
+        return True
 
-    def send(self, call: Call, resume: Resume) -> None:
-        """Send ``call``; ``resume`` gets its reply from the event loop.
+    def call(self, subject: Subject, charges: Sequence[Charge], state: State) -> Call | None:
+        """The one script call judging ``subject`` makes (None: it makes none). It
+        differs between runs of the same charges and state only by the task id (the
+        ticket), so it is captured once, with a stand-in id, and reused with the task's:
+        deciding twice per task (capture, then replay on the reply) cost about a sixth
+        of the gate's time. The reply is still decoded by the decision replayed."""
+        own = partial(self._judge, subject, charges, state)
+        if subject.expires_in is not None:  # max_wait: the task's own
+            return self.inflight.capture(own)[0]
+        key: Hashable = (tuple(charges), state, subject.policy, subject.dry_run, subject.rank)
+        try:  # one lookup: hashing the key is a good part of a never-limited task's cost
+            template = self.calls.get(key, _UNSEEN)
+        except TypeError:  # an unhashable option value (a mapping): captured each time
+            return self.inflight.capture(own)[0]
+        if template is _UNSEEN:
+            if len(self.calls) >= CALLS:
+                self.calls.clear()
+            stand_in = dataclasses.replace(subject, task_id=STAND_IN)
+            template, _ = self.inflight.capture(partial(self._judge, stand_in, charges, state))
+            self.calls[key] = template
+        if template is None:
+            return None
+        script, keys, args = template
+        task_id = subject.task_id
+        return script, keys, [task_id if arg == STAND_IN else arg for arg in args]
 
-        Raises:
-            RedisError, OSError: when the call cannot be sent (nothing is pending then).
-        """
-        script, keys, args = call
-        connection = self._connection()
+    def _judge(
+        self, subject: Subject, charges: Sequence[Charge], state: State, store: Any
+    ) -> Ruling:
+        return judge(self.runtime, subject, charges, state, funnel=store)
+
+    def _enter(self, left: bool) -> None:
+        if self.window is not None:
+            self.window.enter(left)
+
+    def _resume(
+        self, arrival: Arrival, decide: Callable[..., Ruling], admits: Admits | None,
+        left: bool, reply: Any, *, keep: Keep | None = None,
+    ) -> Any:  # fmt: skip
+        """Carry ``arrival`` on with its decision's ``reply`` (an exception: decide it
+        again the ordinary way); its message is back in the prefetch window first
+        (``left``: it was kept out); ``keep``: told the reply of a call that asked for
+        an allowance (it holds the units taken beyond the run's own)."""
+        self._enter(left)
         try:
-            if self.lean is not None:
-                self.lean.send("EVALSHA", script.sha, len(keys), *keys, *args)
+            if keep is not None:
+                keep(reply)
+            if isinstance(reply, BaseException):
+                step = self.decide(arrival)
+            elif admits is not None and admits(reply if isinstance(reply, list) else [reply]):
+                step = self._admitted(arrival.subject, arrival.label)
             else:
-                connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
-        except (RedisError, OSError):
-            self._lost(RedisConnectionError("sending a decision failed"))
-            raise
-        self.pending.append(resume)
+                step = decide(funnel=self.inflight.replay(reply, self.runtime.funnel._eval))
+        except Exception as error:  # one task fails, the worker runs on
+            return self.fail(arrival.request, error, False)
+        return self.decided(arrival, step, None)
 
-    @staticmethod
-    def replay(reply: Any, fallback: Any) -> Replay:
-        """The store on which a decision replayed gets ``reply`` for its call."""
-        return Replay(reply if isinstance(reply, list) else [reply], fallback)
-
-    def _connection(self) -> Any:
-        if self.connection is None:
-            try:
-                connection = self.pool.get_connection()
-            except TypeError:  # redis-py < 5.3 wants a command name
-                connection = self.pool.get_connection("EVALSHA")
-            connection.connect()
-            self.connection, self.fd = connection, connection._sock.fileno()
-            self.lean = lean(connection)
-        if self.fd not in getattr(self.hub, "readers", {}):  # a restarted consumer's hub
-            self.hub.add_reader(self.fd, self._on_readable)
-        return self.connection
-
-    def _on_readable(self, *_: Any) -> None:
-        if self.lean is not None:
-            return self._read_lean(self.lean)
-        while self.pending:
-            try:
-                if not self.connection.can_read(timeout=0):
-                    return None
-                reply: Any = self.connection.read_response()
-            except (RedisConnectionError, RedisTimeoutError, OSError) as error:
-                return self._lost(error)
-            except RedisError as error:  # an error reply: that call's answer
-                reply = error
-            self._resume_next(reply)
-        return None
-
-    def _read_lean(self, way: Lean) -> None:
-        try:
-            replies = way.replies()
-        except (RedisError, OSError) as error:  # closed, or not the protocol
-            return self._lost(error)
-        for reply in replies:
-            if not self.pending:  # dropped meanwhile: the rest went with the connection
-                return None
-            self._resume_next(reply)
-        return None
-
-    def _resume_next(self, reply: Any) -> None:
-        resume = self.pending.popleft()
-        try:
-            resume(reply)
-        except Exception:  # one request's trouble must not stop the event loop
-            logger.exception("celery-funnel: carrying a decided request on failed")
-
-    def _lost(self, error: BaseException) -> None:
-        """The connection failed: every request waiting goes the ordinary way."""
-        waiting, self.pending = self.pending, deque()
-        self._close()
-        for resume in waiting:
-            resume(error)
-
-    def drop(self) -> int:
-        """Forget the requests in flight (the broker will deliver them again)."""
-        dropped = len(self.pending)
-        self.pending.clear()
-        self._close()  # their replies, still to come, go with the connection
-        return dropped
-
-    def _close(self) -> None:
-        connection, self.connection, self.lean = self.connection, None, None
-        if connection is None:
-            return
-        try:
-            if self.fd is not None and self.hub is not None:
-                self.hub.remove_reader(self.fd)
-        except Exception as error:  # a hub already closed: nothing to remove
-            logger.debug("celery-funnel: removing the decision reader: %r", error)
-        connection.disconnect()
-        self.pool.release(connection)
-        self.fd = None
-
-    def close(self) -> None:
-        """At worker shutdown: forget what is in flight, give the connection back."""
-        self.drop()
+    def _admitted(self, subject: Subject, label: str) -> Ruling:
+        """What ``judge`` answers and reports for a reply that admits: Redis answered,
+        the run goes on."""
+        self.runtime.outage.answered()
+        self.runtime.observer.admitted(
+            subject.name, subject.task_id, label, dry_run=subject.dry_run
+        )
+        return RUN

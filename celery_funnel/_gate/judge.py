@@ -5,7 +5,7 @@ Both entry points call it: the worker gate (``consumer.on_task_request``, the si
 of every task a worker with celery-funnel installed receives) and ``FunnelTask.before_start``
 (eager runs and workers without the gate). They differ only in how a task waits (held on
 the consumer's timer, slept, or published again) and how it fails. How the charges
-themselves are decided, each funnel once per run, is ``_charging``'s.
+themselves are decided, each funnel once per run, is ``_gate.charges_decide``'s.
 """
 
 from __future__ import annotations
@@ -17,29 +17,15 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from .._config.outage import backoff
 from .._config.runtime import Runtime
 from .._limiter.errors import BackendError, CostTooHighError, TooManyDeferralsError
-from .charging import Charge, FairAdmit, decide, joint, label_of, lead
-from .state import HEADER, State, admitted_by_gate, gate_mark, requeued
+from .._limiter.words import plural
+from .charges import Charge, label_of
+from .charges_decide import FairAdmit, decide
+from .state import State
 
 if TYPE_CHECKING:
     from .._limiter.backends.base import Funnel
 
-__all__ = [
-    "HEADER",
-    "RUN",
-    "Charge",
-    "FairAdmit",
-    "Ruling",
-    "State",
-    "Subject",
-    "admitted_by_gate",
-    "gate_mark",
-    "joint",
-    "judge",
-    "label_of",
-    "lead",
-    "report_wait",
-    "requeued",
-]
+__all__ = ["RUN", "Ruling", "Subject", "judge", "on_outage", "report_wait", "waiting"]
 
 
 class Ruling(NamedTuple):
@@ -52,7 +38,7 @@ class Ruling(NamedTuple):
     error: BaseException | None = None
     booked: bool = False
     outage: bool = False
-    queued: int = 0  # fair share: 1 park it in its tenant's queue, 2 in front (_fair)
+    queued: int = 0  # fair share: 1 park it in its tenant's queue, 2 in front (_gate.fair)
 
 
 RUN = Ruling(run=True)
@@ -95,6 +81,10 @@ def judge(
     """
     label, observer = label_of(charges), runtime.observer
     settings = runtime.settings
+    try:  # while the funnels' Redis is known to fail, no call waits on it again
+        runtime.outage.check()
+    except BackendError as error:
+        return on_outage(runtime, subject, state, error, label)
     # a named limit may be settled: a slot booked at the estimate would keep its
     # spacing however much is given back, so such runs wait for their charge to fit
     # and try again, and units given back reach the runs already waiting
@@ -115,7 +105,7 @@ def judge(
             funnel,
         )
     except BackendError as error:
-        return _outage(runtime, subject, state, error, label)
+        return on_outage(runtime, subject, state, error, label)
     runtime.outage.answered()
     if verdict.run:
         observer.admitted(subject.name, subject.task_id, label, dry_run=subject.dry_run)
@@ -141,7 +131,7 @@ def judge(
     cap = settings.max_deferrals
     if cap is not None and after.deferrals > cap:
         too_many = TooManyDeferralsError(
-            f"task {subject.name}[{subject.task_id}] was deferred {state.deferrals} times"
+            f"task {subject.name}[{subject.task_id}] was deferred {plural(state.deferrals, 'time')}"
             f" (funnel_max_deferrals={cap})"
         )
         return fail(runtime, subject, label, too_many)
@@ -156,7 +146,7 @@ def fail(runtime: Runtime, subject: Subject, label: str, error: BaseException) -
     return Ruling(run=False, error=error)
 
 
-def _outage(
+def on_outage(
     runtime: Runtime, subject: Subject, state: State, error: BackendError, label: str
 ) -> Ruling:
     """The funnel's Redis failed: run anyway ("allow", or a dry run), fail ("raise",
@@ -168,6 +158,14 @@ def _outage(
         return fail(runtime, subject, label, error)
     delay = backoff(state.outages, runtime.countdowns.cap)
     after = state._replace(deferrals=state.deferrals + 1, outages=state.outages + 1)
+    return Ruling(run=False, delay=delay, state=after, booked=state.booked, outage=True)
+
+
+def waiting(runtime: Runtime, state: State) -> Ruling:
+    """A copy the funnels' Redis cannot check now: it waits a back-off and is checked
+    again, whatever ``funnel_on_backend_error`` says (it may be a stale copy)."""
+    delay = backoff(state.outages, runtime.countdowns.cap)
+    after = state._replace(outages=state.outages + 1)
     return Ruling(run=False, delay=delay, state=after, booked=state.booked, outage=True)
 
 

@@ -1,6 +1,6 @@
 """What live operation keeps for one app in one worker (``Live``): the overrides table
-and the adaptive rates (``_adaptive``) the gate decides with, and the decisions
-counted for the dashboard. The live thread (``_live_thread``) keeps the tables fresh
+and the adaptive rates (``_gate.adaptive``) the gate decides with, and the decisions
+counted for the dashboard. The live thread (``_ops.live``) keeps the tables fresh
 and writes the counts.
 
 Each pass of that thread, one pipeline: reads the overrides and adaptive hashes and
@@ -23,10 +23,13 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from .._config.waiting import WaitPolicy
 from .._limiter.keys import live_key
 from .adaptive import AdaptiveTable
-from .judge import Charge, Ruling, State
+from .charges import Charge
+from .judge import Ruling
 from .overrides import OverrideTable
+from .state import State
 
 __all__ = ["Live", "live_for", "series_key"]
 
@@ -34,9 +37,9 @@ logger = logging.getLogger("celery_funnel")
 
 ATTRIBUTE = "_celery_funnel_live"
 REFRESH_SECONDS = 0.5  # overrides apply within this (plus a decision) on every worker
+# while a funnel is paused: its resume is taken up, and its parked tasks released, sooner
+PAUSED_REFRESH_SECONDS = 0.15
 SERIES_KEEP_SECONDS = 3600.0 + 120.0  # an hour of per-second counts, and a margin
-PAUSED_PARK_SECONDS = 60.0  # a paused funnel's task is parked this long at most
-PAUSED_HOLD_SECONDS = 0.5  # with parking off, held this long between two looks
 
 
 def series_key(prefix: str, minute: int) -> str:
@@ -66,12 +69,12 @@ class Live:
     def paused_step(
         self, charges: Sequence[Charge], state: State, *, parked: Callable[[], bool]
     ) -> Ruling | None:
-        """The wait of a task of a paused funnel (None: none of ``charges`` is paused):
-        parked when ``parked()`` says parking is on (a resume releases it at once), else
-        held in the worker and looked at again soon (the table is local: no Redis call)."""
+        """The wait of a task of a paused funnel (None: none of ``charges`` is paused),
+        as long as the wait policy says (``WaitPolicy.paused``; ``parked()``: whether
+        parking is on, asked only here)."""
         if self.overrides.paused(charges) is None:
             return None
-        delay = PAUSED_PARK_SECONDS if parked() else PAUSED_HOLD_SECONDS
+        delay = WaitPolicy.paused(parking=parked())
         return Ruling(run=False, delay=delay, state=state._replace(deferrals=state.deferrals + 1))
 
     def apply(self, charges: Sequence[Charge]) -> Sequence[Charge]:
@@ -84,7 +87,7 @@ class Live:
             counts, self._counts = self._counts, Counter()
         return counts
 
-    def give_back(self, counts: Counter[tuple[str, int, str]]) -> None:
+    def keep(self, counts: Counter[tuple[str, int, str]]) -> None:
         """Counts a failed pass could not write: written with the next one."""
         with self._lock:
             self._counts.update(counts)

@@ -6,7 +6,7 @@ FunnelTask's task name (every limit and key part of that task) or ``limit:<patte
 for a worker-wide ``funnel_limits`` entry. It may replace the rate, the capacity and the
 concurrency, and it may pause the funnel. It is stored as JSON in one hash per app
 prefix (``control``), and every worker keeps a copy (``OverrideTable``) refreshed by its
-live thread (``_live``), so that deciding a task costs no extra round trip.
+live thread (``_ops.live``), so that deciding a task costs no extra round trip.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from .._limiter.errors import ConfigurationError
 from .._limiter.limit import Limit
 from .._limiter.rate import Rate
 from .._limiter.values import MAX_CAPACITY
-from .charging import Charge
+from .charges import Charge
 
 __all__ = ["Change", "Override", "OverrideTable", "changes", "concurrency_for", "parse_ttl"]
 
@@ -242,7 +242,7 @@ def changes(before: Mapping[str, Override], after: Mapping[str, Override]) -> di
 def concurrency_for(table: OverrideTable | None, name: str, code: int | None) -> int | None:
     """The concurrency funnel ``name`` runs with: its override's, else ``code`` (the
     task option or ``funnel_limits`` entry). The one place concurrency limits read
-    an override from (``_live.live_for(app).overrides`` is the worker's table)."""
+    an override from (``_gate.live.live_for(app).overrides`` is the worker's table)."""
     found = None if table is None else table.get(name)
     if found is None or found.concurrency is None:
         return code

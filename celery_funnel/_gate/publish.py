@@ -17,18 +17,22 @@ from __future__ import annotations
 
 import contextvars
 import importlib
+import os
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from kombu.pools import ProducerPool
 from kombu.serialization import registry
 
-from .._stores.park import ParkStore, Release, capture
+from .._stores.park import ParkStore, capture
 from .state import HEADER
 
 __all__ = [
-    "gate_publishes", "gate_publishing", "message_options", "park", "publish", "republish",
+    "PUBLISH_TIMEOUT_SECONDS", "gate_publishes", "gate_publishing", "message_options",
+    "origin", "park", "producer", "republish",
 ]  # fmt: skip
 
 # per thread (and per greenlet where contextvars are): a pool thread's run publishing
@@ -130,6 +134,48 @@ def _signature(
     )
 
 
+# a publish that the broker has not confirmed by then failed (the copy may exist: the
+# copies' records tell it from the message held, which stays un-acked)
+PUBLISH_TIMEOUT_SECONDS = 5.0
+_PRODUCERS = "_celery_funnel_producers"
+_LOCK = threading.Lock()
+
+
+def _producers(app: Any) -> ProducerPool:
+    """The gate's producers of ``app`` in this process (made on first use): on
+    RabbitMQ they publish with publisher confirms."""
+    with _LOCK:
+        found: tuple[int, ProducerPool] | None = app.__dict__.get(_PRODUCERS)
+        if found is None or found[0] != os.getpid():
+            connection = app.connection_for_write(transport_options={"confirm_publish": True})
+            limit = app.pool.limit
+            pool = ProducerPool(  # type: ignore[no-untyped-call]
+                connection.Pool(limit), limit=limit, Producer=app.amqp.Producer
+            )
+            found = (os.getpid(), pool)
+            setattr(app, _PRODUCERS, found)
+        return found[1]
+
+
+@contextmanager
+def producer(app: Any) -> Iterator[Any]:
+    """A producer of ``app``'s broker whose publishes the broker holds when they return:
+    on RabbitMQ each waits for the broker's confirmation (at most
+    ``PUBLISH_TIMEOUT_SECONDS``), on the Redis transport for Redis's reply. A copy
+    of a task is counted as published only then (``_gate.copies``)."""
+    with _producers(app).acquire(block=True) as acquired:  # type: ignore[no-untyped-call]
+        yield acquired
+
+
+def close_producers(app: Any) -> None:
+    """Close the gate's producer connections of ``app`` in this process, if made."""
+    with _LOCK:
+        found = app.__dict__.pop(_PRODUCERS, None)
+    if found is not None and found[0] == os.getpid():
+        found[1].force_close_all()
+        found[1].connections.force_close_all()
+
+
 def republish(
     task: Any,
     context: Any,
@@ -153,8 +199,11 @@ def republish(
         task, context, args, kwargs, countdown, state, content_type, content_encoding
     )
     # the header goes with it, also when sent inside a run; traced in the producer's trace
-    with gate_publishing(), _traced(context):
-        signature.apply_async(ignore_result=True, add_to_parent=False)
+    with gate_publishing(), _traced(context), producer(task.app) as confirmed:
+        signature.apply_async(
+            ignore_result=True, add_to_parent=False, producer=confirmed,
+            confirm_timeout=PUBLISH_TIMEOUT_SECONDS,
+        )  # fmt: skip
 
 
 def park(
@@ -186,41 +235,13 @@ def park(
     with gate_publishing(), _traced(context):
         message = capture(signature, meta, ignore_result=True, add_to_parent=False)
     token = str(state.get("release") or "")
-    return store.park(str(context.id), wait, message, token, _origin(context))
+    return store.park(str(context.id), wait, message, token, origin(context))
 
 
-def _origin(context: Any) -> str:
+def origin(context: Any) -> str:
     """What every copy of one task message shares, and a later message given the same
     task id does not: its task, the run that sent it and how often it was replaced
     (Celery's ``replace`` gives a chain's last task, or a chord's body, the replaced
     task's id; another run sends it)."""
     nesting = getattr(context, "replaced_task_nesting", 0) or 0
     return f"{context.task}\n{context.parent_id or ''}\n{nesting}"
-
-
-def publish(app: Any, release: Release) -> None:
-    """Publish a claimed entry as it was captured, with the release token added.
-
-    Raises:
-        Exception: what the broker's publish raises.
-    """
-    message = release.message
-    headers = dict(message["headers"])
-    headers[HEADER] = {**(headers.get(HEADER) or {}), "release": release.token}
-    properties = dict(message["properties"])
-    delivery_mode = properties.pop("delivery_mode", None)
-    expiration = properties.pop("expiration", None)  # a message TTL (ms, from expires)
-    if expiration is not None:  # what is left of it after the time parked
-        parked_for = time.time() - float(message["meta"]["parked_at"])
-        expiration = max(float(expiration) / 1000 - parked_for, 0.001)
-    queues = app.amqp.queues
-    declare = [queues[name] for name in message["declare"] if name in queues]
-    with app.producer_or_acquire() as producer:
-        producer.publish(
-            message["body"], exchange=message["exchange"], routing_key=message["routing_key"],
-            headers=headers, content_type=message["content_type"],
-            content_encoding=message["content_encoding"], priority=message["priority"],
-            delivery_mode=delivery_mode, expiration=expiration, declare=declare, retry=True,
-            retry_policy={"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5},
-            **properties,
-        )  # fmt: skip

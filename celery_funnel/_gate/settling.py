@@ -15,18 +15,16 @@ else one script per hash tag, pipelined.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from .._config.runtime import Runtime
 from .._limiter.errors import ConfigurationError
 from .._limiter.headers import Quota
 from .._limiter.keys import hash_tag
-from .._limiter.strategies.align import Align, align_call
-from .._limiter.strategies.settle import Settle, settle_call
-from .charging import Charge, joint
-
-if TYPE_CHECKING:
-    from .._limiter.scripts import Call
+from .._limiter.strategies import capabilities
+from .._limiter.strategies.align import Align, AlignOp
+from .._limiter.strategies.settle import Settle, SettleOp
+from .charges import Charge
+from .charges_decide import joint
 
 __all__ = ["Settled", "align", "resolve", "settle", "together"]
 
@@ -72,7 +70,7 @@ def resolve(
             raise ConfigurationError(
                 f"funnel_settle on task {task!r}: units must be an integer >= 0, got {units!r}"
             )
-        if charges[i].limit.strategy != "gcra":
+        if not capabilities(charges[i].limit.strategy).settles:
             raise ConfigurationError(
                 f"funnel_settle on task {task!r}: limit {charges[i].limit.name or i!r} uses"
                 f" {charges[i].limit.strategy!r}; only 'gcra' funnels can be settled"
@@ -97,8 +95,7 @@ def settle(
     moving = [i for i, row in rows.items() if row.units]
     if moving:
         groups = together(runtime, [charges[i] for i in moving], moving)
-        calls: list[Call] = [settle_call([rows[i] for i in group], None) for group in groups]
-        runtime.funnel._eval_many(calls)
+        runtime.funnel.decide([SettleOp([rows[i] for i in group]) for group in groups])
     return {**held, **wanted}
 
 
@@ -120,14 +117,14 @@ def align(
     for theirs, quota in quotas.items():
         i = ours.get((names or {}).get(theirs, theirs), -1)
         limit = charges[i].limit if i >= 0 else None
-        if limit is not None and limit.strategy == "gcra":
+        if limit is not None and capabilities(limit.strategy).aligns:
             rate = limit.rate
             rows[i] = Align(charges[i].key, limit.capacity - 1, rate.count, rate.period,
                             quota.remaining, quota.reset, quota.window)  # fmt: skip
     if rows:
         indexes = list(rows)
         groups = together(runtime, [charges[i] for i in indexes], indexes)
-        runtime.funnel._eval_many([align_call([rows[i] for i in g], None) for g in groups])
+        runtime.funnel.decide([AlignOp([rows[i] for i in g]) for g in groups])
     return [str(charges[i].limit.name) for i in rows]
 
 

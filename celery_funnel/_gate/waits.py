@@ -1,39 +1,104 @@
-"""What the worker gate does with a run a funnel refused (``Waits``): hold it on the
-consumer's timer when its wait fits in what the broker allows an un-acked message, park
-it in the funnels' Redis when parking is on, or publish it again with the capped
-countdown; the original is acked only after it is parked or published."""
+"""What the worker gate does with a run a funnel refused (``Waits``), the way the wait
+policy (``_config.waiting``) chooses: hold it on the consumer's timer, park it in the
+funnels' Redis, or publish it again as a new copy with the capped countdown (recorded
+first: ``copies``); the message held is acked only after it is parked or published.
+When none of these can be done in time (the funnels' Redis fails), the message is
+handed back to the broker (``delivery.hand_back``).
+
+Each way is one row of ``ACTS``: its ``Way``, how reports name the wait, and its act
+(docs/architecture.md, "Recipe: add a way to wait")."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any
-
-from celery.worker.state import task_ready
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 from .._config.outage import BACKOFF_FIRST_SECONDS
 from .._config.runtime import Runtime
+from .._config.waiting import Way
 from .arrival import Arrival
+from .charges_decide import lead
+from .copies import CopyGuard, new_token
+from .delivery import ack, hand_back, until_expiry
 from .fair import fair_charge
 from .held import Held
-from .judge import Ruling, State, lead, report_wait, requeued
+from .judge import Ruling, report_wait
 from .parking import Parking
 from .publish import republish
-from .requests import until_expiry
+from .state import State, requeued
 
-__all__ = ["Events", "Waits"]
+__all__ = ["ACTS", "Act", "Events", "Plan", "Publish", "Waits"]
 
 logger = logging.getLogger("celery_funnel")
 
 # the Celery event sender of a request (None: events are off)
 Events = Callable[[Any], Callable[..., Any] | None]
+# publishes a run again (``publish.republish``: the one publisher)
+Publish = Callable[..., None]
+# a hold shorter than this is not worth it: the message goes back to the broker
+MIN_HOLD_SECONDS = 0.1
+
+
+class Plan(NamedTuple):
+    """What the wait policy chose a way from: ``hold``, the seconds a hold on the timer
+    lasts (a booked slot aimed at a little early, never past the task's expiry), and
+    ``left``, the seconds its delivery may still be held (``Delivery.hold_left``)."""
+
+    hold: float
+    left: float
+
+
+class Act(NamedTuple):
+    """What one way does: ``how`` reports name the wait (one of ``_config.observe.HOW``:
+    ``held``, ``parked``, ``republished``), and ``run(waits, arrival, step, plan)``
+    makes ``arrival``, refused with ``step``, wait."""
+
+    how: str
+    run: Callable[[Waits, Arrival, Ruling, Plan], object]
+
+
+def _park(waits: Waits, arrival: Arrival, step: Ruling, plan: Plan) -> None:
+    waits.park(arrival, step, arrival.label)
+
+
+def _hold(waits: Waits, arrival: Arrival, step: Ruling, plan: Plan) -> None:
+    waits.hold(arrival, step.state._replace(waited=step.state.waited + plan.hold), plan.hold)
+
+
+def _back_off(waits: Waits, arrival: Arrival, step: Ruling, plan: Plan) -> None:
+    """No copy can be recorded (the funnels' Redis fails): hold what is left, then the
+    message is handed back."""
+    waits.retry(arrival, step.state, plan.left)
+
+
+def _publish(waits: Waits, arrival: Arrival, step: Ruling, plan: Plan) -> None:
+    waits.republish(arrival, step)
+
+
+# every way the wait policy chooses for a refused run, and its act (``Way.WAITER``, a
+# run refused a seat, is ``concurrency.Seats``': parked, then queued)
+ACTS: Mapping[Way, Act] = {
+    Way.PARK: Act("parked", _park),
+    Way.HOLD: Act("held", _hold),
+    Way.BACK_OFF: Act("held", _back_off),
+    Way.PUBLISH: Act("republished", _publish),
+}
 
 
 class Waits:
-    """The waits of one worker gate: ``events(request)`` sends a request's Celery events."""
+    """The waits of one worker gate: ``events(request)`` sends a request's Celery events;
+    ``publish`` publishes a run again (``publish.republish``); ``acts``: each way's act
+    (``ACTS``)."""
 
-    def __init__(self, runtime: Runtime, parking: Parking, held: Held, events: Events) -> None:
-        self.runtime, self.parking, self.held, self.events = runtime, parking, held, events
+    acts: Mapping[Way, Act] = ACTS
+
+    def __init__(
+        self, runtime: Runtime, parking: Parking, copies: CopyGuard, held: Held, events: Events,
+        publish: Publish = republish,
+    ) -> None:  # fmt: skip
+        self.runtime, self.parking, self.copies = runtime, parking, copies
+        self.held, self.events, self.publish = held, events, publish
 
     def report(self, arrival: Arrival, step: Ruling, label: str, *, how: str) -> None:
         """Report a deferral (signals, log line, Celery event): ``how`` it waits
@@ -44,71 +109,86 @@ class Waits:
         )  # fmt: skip
 
     def wait(self, arrival: Arrival, step: Ruling) -> None:
-        """Hold, park or publish again ``arrival``, refused with ``step``."""
-        request, policy = arrival.request, self.runtime.countdowns
-        # un-acked so far: the countdown it came with (an ETA message is held un-acked)
-        # and what this worker held it for before
-        budget = policy.cap - step.state.waited
-        until = until_expiry(request)
+        """Hold, park, publish again or hand back ``arrival``, refused with ``step``."""
+        until = until_expiry(arrival.request)
         # a booked slot is honoured a little early: aim there, timers fire late
         aim = step.delay - lead(arrival.charges) if step.booked else step.delay
         hold = min(max(aim, 0.0), until)
-        if step.queued or self.parking.wants(step.delay, until, outage=step.outage):
-            self.report(arrival, step, arrival.label, how="parked")
-            self.park(arrival, step, arrival.label)
-            return
-        if hold <= budget or policy.waits_in_place(step.delay):
-            self.report(arrival, step, arrival.label, how="held")
-            self.hold(arrival, step.state._replace(waited=step.state.waited + hold), hold)
-            return
-        self.report(arrival, step, arrival.label, how="republished")
-        self.republish(arrival, step)
+        budget = arrival.delivery.hold_left()
+        way = self.runtime.waiting.way(
+            step.delay, hold, hold_left=budget, until_expiry=until, parking=self._parking,
+            queued=bool(step.queued), outage=step.outage,
+        )  # fmt: skip
+        act = self.acts[way]
+        self.report(arrival, step, arrival.label, how=act.how)
+        act.run(self, arrival, step, Plan(hold, budget))
+
+    def _parking(self) -> bool:
+        return self.parking.on
 
     def republish(self, arrival: Arrival, step: Ruling) -> None:
-        """Publish the task again for the capped countdown; ack the original after."""
+        """Publish the task again as a new copy for the capped countdown, recorded
+        first; ack the message held after."""
         request = arrival.request
         # never past its expiry: it then arrives expired, and ends as Celery ends those
         countdown = min(self.runtime.countdowns.countdown(step.delay), until_expiry(request))
+        token = new_token()
+        arrival.delivery.accepted = False  # a copy may exist from now: checked again
         try:
-            republish(
+            if not self.copies.move(request, arrival.state, token):
+                self._stale(request)
+                return
+            self.publish(
                 request.task, request._context, request.args, request.kwargs,
-                countdown=countdown, state=requeued(step.state, countdown),
+                countdown=countdown, state={**requeued(step.state, countdown), "release": token},
                 content_type=request.content_type, content_encoding=request.content_encoding,
             )  # fmt: skip
-        except Exception as error:  # keep it, try again shortly
-            logger.warning(
-                "celery-funnel: could not publish deferred task %s[%s] again (%r);"
-                " holding it %.0f s",
-                request.name, request.id, error, BACKOFF_FIRST_SECONDS,
-            )  # fmt: skip
-            self.hold(arrival, step.state, BACKOFF_FIRST_SECONDS)
+        except Exception as error:
+            self._kept(arrival, step, "could not publish deferred task %s[%s] again (%r)", error)
             return
-        request.acknowledge()
-        task_ready(request)
+        ack(request)
+
+    def _kept(self, arrival: Arrival, step: Ruling, line: str, error: Exception) -> None:
+        """Moving ``arrival`` failed with ``error`` (logged as ``line`` says, with the
+        task's name, id and the error): keep its message, try again shortly."""
+        request = arrival.request
+        logger.warning(f"celery-funnel: {line}", request.name, request.id, error)
+        self.retry(arrival, step.state, BACKOFF_FIRST_SECONDS)
+
+    def retry(self, arrival: Arrival, state: State, delay: float) -> None:
+        """Hold ``arrival`` ``delay`` seconds (at most what its delivery has left) to
+        decide it again; hand it back to the broker when too little is left."""
+        left = arrival.delivery.hold_left()
+        if left < MIN_HOLD_SECONDS:
+            hand_back(arrival.request, "no decision could be had in time")
+        else:
+            self.hold(arrival, state, min(delay, left))
+
+    def _stale(self, request: Any) -> None:
+        """Drop ``request``: another copy of its task was accepted."""
+        logger.info(
+            "celery-funnel: task %s[%s] is a stale copy (another copy goes on): dropped",
+            request.name, request.id,
+        )  # fmt: skip
+        ack(request)
 
     def park(self, arrival: Arrival, step: Ruling, label: str) -> bool:
         """Park the task in the funnels' Redis until its slot; ack the original after.
         False when it could not be parked (it is held, to try again shortly)."""
         request = arrival.request
         fair = fair_charge(arrival.charges, step.queued)
+        arrival.delivery.accepted = False  # parked from now, should the reply be lost
         try:
             state, rank = requeued(step.state, 0.0), arrival.subject.rank or 0
             fresh = self.parking.park(request, state, step.delay, label, fair, rank)
-        except Exception as error:  # keep it, try again shortly
-            logger.warning(
-                "celery-funnel: could not park deferred task %s[%s] (%r); holding it %.0f s",
-                request.name, request.id, error, BACKOFF_FIRST_SECONDS,
-            )  # fmt: skip
-            self.hold(arrival, step.state, BACKOFF_FIRST_SECONDS)
+        except Exception as error:
+            self._kept(arrival, step, "could not park deferred task %s[%s] (%r)", error)
             return False
         if not fresh:
-            logger.info(
-                "celery-funnel: task %s[%s] ran already (a stale copy): dropped",
-                request.name, request.id,
-            )  # fmt: skip
-        request.acknowledge()
-        task_ready(request)
-        return fresh
+            self._stale(request)
+            return False
+        ack(request)
+        return True
 
     def hold(self, arrival: Arrival, state: State, delay: float) -> None:
         """Hold the request on the consumer's timer for ``delay`` seconds."""

@@ -6,6 +6,8 @@ class keeps its whole state in ``args`` and unpickles through ``__init__(*args)`
 
 from __future__ import annotations
 
+from .words import plural
+
 __all__ = [
     "BackendConfigurationError",
     "BackendError",
@@ -49,7 +51,28 @@ class TooManyDeferralsError(FunnelError):
 class TooManyWaitingError(FunnelError):
     """Raised by ``delay``/``apply_async`` of a task with ``funnel_max_waiting=N`` while
     N of its tasks (of its ``funnel_key``) are sent and not yet started: the producer
-    should slow down. Nothing was published."""
+    should slow down. Nothing was published. A retry, or any send of a task already
+    accepted (the gate's own re-publishes and releases), is never refused.
+
+    Attributes:
+        waiting: how many tasks of the funnel wait (sent, not started).
+        limit: ``funnel_max_waiting`` (N).
+        funnel: the funnel's key (per ``funnel_key``).
+        task: the task's name.
+    """
+
+    def __init__(self, waiting: int, limit: int, funnel: str = "", task: str = "") -> None:
+        # the whole state in args: it pickles, and unpickles through __init__
+        super().__init__(int(waiting), int(limit), funnel, task)
+        self.waiting, self.limit, self.funnel, self.task = int(waiting), int(limit), funnel, task
+
+    def __str__(self) -> str:
+        return (
+            f"task {self.task!r}: {plural(self.waiting, 'task')} of its funnel"
+            f" {self.funnel!r} {'waits' if self.waiting == 1 else 'wait'} to start"
+            f" (funnel_max_waiting={self.limit}): send again once"
+            f" {'it has' if self.waiting == 1 else 'they have'}"
+        )
 
 
 class BackendConfigurationError(FunnelError):
@@ -83,7 +106,7 @@ class Limited(FunnelError):  # noqa: N818  # the public name: a state, not a fau
         return f"{where} is full: retry after {self.retry_after:.3f} s"
 
 
-# Users meet these as ``celery_funnel.X`` (their public home): tracebacks, Celery's
+# Users meet these as ``celery_funnel.<name>`` (their public home): tracebacks, Celery's
 # stored exceptions and pickle name them so, and find them there.
 for _public in (
     FunnelError, ConfigurationError, BackendError, CostTooHighError, TooManyDeferralsError,

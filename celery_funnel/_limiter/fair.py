@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from .errors import ConfigurationError
+from .strategies._registry import DEFAULT, capabilities
 from .values import format_fields
 
 __all__ = ["Fair", "check_fair", "rank", "weight_of"]
@@ -66,7 +67,7 @@ def check_fair(spec: Mapping[str, Any], where: str, label: Label = str) -> tuple
         )
     if isinstance(fair_by, str):
         format_fields(f"{where}: {label('fair_by')}", fair_by)
-    if (spec.get("strategy") or "gcra") != "gcra":
+    if not capabilities(spec.get("strategy") or DEFAULT).fair_share:
         raise ConfigurationError(
             f"{where}: {label('fair_by')} needs the 'gcra' strategy, got"
             f" {label('strategy')}={spec.get('strategy')!r}"

@@ -255,8 +255,9 @@ def limit_method(
             arguments (``"{user}"``) or a callable taking the same arguments; in a
             ``with`` block, the key's text itself. None: one funnel.
         cost: units one call takes (an int, or a callable taking the arguments).
-        strategy: ``"gcra"``, ``"fixed_window"``, ``"sliding_log"`` or
-            ``"sliding_window"``.
+        strategy: a registered strategy's name (``strategies.names()``): ``"gcra"``,
+            ``"fixed_window"``, ``"sliding_log"``, ``"sliding_window"``, or one registered
+            since.
         on_limit: when the funnel is full, ``"wait"`` books the call's slot and sleeps
             until it (waiters go in arrival order; a window strategy sleeps until
             ``retry_after`` and asks again); ``"raise"`` raises ``Limited``;

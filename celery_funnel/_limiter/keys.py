@@ -17,23 +17,23 @@ name is ``<task>`` and each limit's key is ``:<index>[:<key part>]`` after it. A
 worker-wide ``funnel_limits`` entry is ``limit:<pattern>``, or
 ``limit:<pattern>:<worker>`` with ``"scope": "worker"``.
 
-A concurrency limit (``_leases``) keeps its slots beside its funnel's key, in the
+A concurrency limit (``_stores.leases``) keeps its slots beside its funnel's key, in the
 same slot: ``#leases`` (task id -> end of its lease), ``#lease-info`` (who holds each
 slot) and ``#waiters`` (the parked tasks waiting for a slot, the broker's priority
 first, then arrival).
 
-Parked tasks (``_park``) share one tag of their own, ``{~parked}`` (no funnel name
+Parked tasks (``_stores.park``) share one tag of their own, ``{~parked}`` (no funnel name
 starts with ``~``): ``<prefix>{~parked}#due``, ``#entries``, ``#claims``, ``#leases``,
 ``#accepted``, ``#accepted-at``, ``#labels``, ``#counts`` and ``#fair`` (the
 fair-share funnels with waiting tasks). A fair-share funnel's companions are
 ``#fair``, ``#fair-q``, ``#fair-ids``, ``#fair-meta``, ``#fair-r0..2`` and ``#fair-heads``
-(``_fair_store``). Parked tasks are tasks, not
+(``_stores.fair``). Parked tasks are tasks, not
 funnel state: ``parse_key`` does not take them, so ``reset`` never deletes them
 (``purge`` does).
 
 Keys of the layout before 0.3 (``{<key>}:tickets``, ``{<key>}:<n>`` sliding-window
 counters) are never read again and expire by themselves (at most one period).
-Live operation (``control``, ``_live``) shares another tag, ``{~live}``:
+Live operation (``control``, ``_ops.live``) shares another tag, ``{~live}``:
 ``<prefix>{~live}#overrides`` (hash: funnel name -> override JSON) and
 ``<prefix>{~live}#series:<minute>`` (hash: admitted/refused counts per second of one
 minute, expiring after an hour). ``parse_key`` does not take them either.
@@ -46,16 +46,19 @@ import hashlib
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 __all__ = [
     "DEFAULT_PREFIX",
     "FunnelKey",
+    "ParkedKeys",
     "companion_key",
     "debounce_key",
     "fair_keys",
     "fair_registry_key",
     "funnel_key",
     "glob_escape",
+    "handed_channel",
     "hash_tag",
     "is_live_key",
     "is_parked_key",
@@ -211,7 +214,7 @@ PARKED_PARTS = (
     "due", "entries", "claims", "leases", "accepted", "accepted-at", "labels", "counts",
 )  # fmt: skip
 FAIR_REGISTRY = "fair"  # beside them: the fair-share funnels with waiting tasks
-# the companions of a fair-share funnel (_fair_store): tenants, queue, ids, meta, rates
+# the companions of a fair-share funnel (_stores.fair): tenants, queue, ids, meta, rates
 FAIR_PARTS = (
     "fair", "fair-q", "fair-ids", "fair-meta", "fair-r0", "fair-r1", "fair-r2", "fair-heads",
 )  # fmt: skip
@@ -223,13 +226,27 @@ def fair_keys(key: str) -> list[str]:
     return [key, tickets_key(key), *(companion_key(key, part) for part in FAIR_PARTS)]
 
 
-def parked_keys(prefix: str) -> list[str]:
+class ParkedKeys(NamedTuple):
+    """The keys of the parked tasks under one prefix, by name, in ``PARKED_PARTS``
+    order (the order ``lua/_parked.lua`` takes them in)."""
+
+    due: str
+    entries: str
+    claims: str
+    leases: str
+    accepted: str
+    accepted_at: str
+    labels: str
+    counts: str
+
+
+def parked_keys(prefix: str) -> ParkedKeys:
     """The keys of the parked tasks under ``prefix``, in ``PARKED_PARTS`` order."""
-    return [f"{prefix}{{{PARKED_TAG}}}{COMPANION_MARK}{part}" for part in PARKED_PARTS]
+    return ParkedKeys(*(f"{prefix}{{{PARKED_TAG}}}{COMPANION_MARK}{part}" for part in PARKED_PARTS))
 
 
 def fair_registry_key(prefix: str) -> str:
-    """The fair-share funnels with waiting tasks (``_fair_store``), beside the parked
+    """The fair-share funnels with waiting tasks (``_stores.fair``), beside the parked
     tasks' keys (one hash tag: a script sees them together)."""
     return f"{prefix}{{{PARKED_TAG}}}{COMPANION_MARK}{FAIR_REGISTRY}"
 
@@ -246,6 +263,15 @@ LIVE_TAG = "~live"
 def live_key(prefix: str, part: str) -> str:
     """A key of live operation under ``prefix``: ``overrides``, or ``series:<minute>``."""
     return f"{prefix}{{{LIVE_TAG}}}{COMPANION_MARK}{part}"
+
+
+HANDED_TAG = "~handed"
+
+
+def handed_channel(prefix: str, node: str) -> str:
+    """The pub/sub channel on which worker ``node`` is told that a waiter it holds was
+    handed a seat: ``<prefix>{~handed}#<node>`` (a channel, not a key)."""
+    return f"{prefix}{{{HANDED_TAG}}}{COMPANION_MARK}{safe_part(node or 'worker')}"
 
 
 def is_live_key(prefix: str, key: str | bytes) -> bool:

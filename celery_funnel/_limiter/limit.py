@@ -18,13 +18,12 @@ from .errors import ConfigurationError
 from .fair import check_fair
 from .keys import safe_part
 from .rate import Rate
-from .strategies._registry import Backend  # a Funnel: backends.base imports this module
+from .strategies._registry import DEFAULT, Backend, capabilities  # Backend: a Funnel
 from .strategies.adapt import Adaptive, parse_adaptive
-from .strategies.reservation import Shape
+from .strategies.reservation import ReserveOp, Shape
 from .values import MAX_CAPACITY, check_plain, did_you_mean, format_fields
 
 __all__ = [
-    "STRATEGIES",
     "Limit",
     "Verdict",
     "check_all",
@@ -34,7 +33,6 @@ __all__ = [
     "unique_names",
 ]  # fmt: skip
 
-STRATEGIES = strategies.names()  # every registered strategy
 SCOPES = strategies.SCOPES
 OPTIONS = (
     "rate", "capacity", "strategy", "key", "cost", "scope", "windows", "fair_by", "weights",
@@ -77,7 +75,7 @@ class Verdict(NamedTuple):
     never: bool = False
     stale: bool = False
     outage: bool = False  # the funnel's Redis failed: this wait is a back-off
-    queued: int = 0  # fair share: 1 join the tenant's waiting queue, 2 in front (_fair)
+    queued: int = 0  # fair share: 1 join the tenant's waiting queue, 2 in front (_limiter.fair)
 
 
 def fixed(limit: Limit) -> bool:
@@ -108,14 +106,14 @@ class Limit:
 
     rate: Rate
     capacity: int = 1
-    strategy: str = "gcra"
+    strategy: str = DEFAULT
     key: str | KeyFunc | None = None
     cost: int | CostFunc = 1
     pattern: str | None = None
     scope: str = "global"
     windows: int = 10
-    fair_by: str | KeyFunc | None = None  # fair share between tenants (_fair)
-    weights: Any = None  # the tenants' weights: a mapping or a callable (_fair)
+    fair_by: str | KeyFunc | None = None  # fair share between tenants (_limiter.fair)
+    weights: Any = None  # the tenants' weights: a mapping or a callable (_limiter.fair)
     name: str | None = None  # unique per task (funnel_settle, feedback, status)
     adaptive: Adaptive | None = None  # the rate adapts to an upstream's 429s (adapt)
 
@@ -182,9 +180,8 @@ def check_all(
     ]
     if not shapes:
         return Verdict(run=True)
-    r = funnel.reserve_all(
-        shapes, ticket=ticket, redeem=redeem, late=late, max_wait=None if ticket else 0
-    )
+    op = ReserveOp(shapes, ticket, redeem, max_wait=None if ticket else 0, late=late)
+    r = funnel.decide([op])[0]
     return Verdict(r.admitted, max(r.delay, 0.0), r.booked, r.never, r.stale)
 
 
@@ -217,7 +214,11 @@ def _capacity_and_cost(spec: Mapping[str, Any], where: str, label: Label) -> tup
         raise ConfigurationError(
             f"{where}: {label('cost')} must be an integer >= 0 or a callable, got {cost!r}"
         )
-    if isinstance(cost, int) and cost > capacity and (spec.get("strategy") or "gcra") == "gcra":
+    if (
+        isinstance(cost, int)
+        and cost > capacity
+        and capabilities(spec.get("strategy") or DEFAULT).capacity_bound
+    ):
         raise ConfigurationError(
             f"{where}: {label('cost')}={cost} is above {label('capacity')}={capacity}:"
             f" it could never run"
@@ -328,7 +329,9 @@ def parse_limit(
         raise ConfigurationError(
             f"{where}: {label('windows')} must be an integer from 1 to 100, got {windows!r}"
         )
-    strategy = _choice(where, label("strategy"), spec.get("strategy") or "gcra", STRATEGIES)
+    # every strategy registered so far: one registered after this module was imported too
+    choices = strategies.names()
+    strategy = _choice(where, label("strategy"), spec.get("strategy") or DEFAULT, choices)
     scope = _choice(where, label("scope"), spec.get("scope", "global"), SCOPES)
     key = _key(spec, where, label)
     name = _name(spec, where, label)

@@ -19,7 +19,9 @@ from .._limiter.limit import Limit
 from .control import LIMIT_PREFIX
 from .view import Found, lease_funnels
 
-__all__ = ["Configured", "concurrency_in_force", "configured", "idle_rows", "in_force"]
+__all__ = [
+    "Configured", "concurrency_in_force", "configured", "idle_rows", "in_force", "parked_of",
+]  # fmt: skip
 
 PER_KEY = "one funnel per funnel_key value"
 PER_WORKER = "one funnel per worker"
@@ -99,29 +101,46 @@ def concurrency_in_force(n: int, override: Override | None) -> tuple[int, str]:
 
 
 def idle_rows(
-    runtime: Runtime, found: Found, overrides: dict[str, Override], name: str = ""
+    runtime: Runtime,
+    found: Found,
+    overrides: dict[str, Override],
+    name: str = "",
+    parked: dict[str, int] | None = None,
 ) -> list[dict[str, Any]]:
-    """A ``status`` row for each configured funnel (of funnel ``name`` only, when given)
-    none of whose keys was ``found`` in Redis (funnels and concurrency funnels): idle,
-    its limit in force, nothing used. Reading it touches no key."""
+    """A ``status`` row for each configured funnel (of funnel ``name`` only, when given:
+    a funnel name, or the key a row shows) none of whose keys was ``found`` in Redis
+    (funnels and concurrency funnels): its limit in force (its ``limit`` name too),
+    nothing used. ``parked``: the parked tasks by label (``ParkStore.counts``); a funnel
+    with none is idle, one with some (paused, say) is not. Reading it touches no key."""
     seen = [*found.funnels, *lease_funnels(found)]
     rows = []
     for entry in configured(runtime):
-        if (name and entry.name != name) or any(entry.owns(key) for key in seen):
+        if (name and name not in (entry.name, entry.key)) or any(entry.owns(k) for k in seen):
             continue
         override = overrides.get(entry.name)
-        row: dict[str, Any] = {"key": entry.key, "name": entry.name, "idle": True}
+        waiting = parked_of(entry.name, parked or {})
+        row: dict[str, Any] = {"key": entry.key, "name": entry.name}
+        if not waiting:
+            row["idle"] = True
         if entry.limit is not None:
             limit, note = in_force(entry.limit, override)
             strategy = strategies.get(limit.strategy)
+            if limit.name is not None:
+                row["limit"] = limit.name
             row.update(kind=strategy.name, rate=str(limit.rate), capacity=limit.capacity)
-            row.update(remaining=limit.capacity, reset_after=0.0, parked=0)
+            row.update(remaining=limit.capacity, reset_after=0.0, parked=waiting)
             if strategy.reserve is not None:
                 row["reservations"] = 0
         else:
             assert entry.concurrency is not None
             n, note = concurrency_in_force(entry.concurrency, override)
-            row.update(kind="concurrency", capacity=n, in_use=0, remaining=n, parked=0)
-        row["note"] = "; ".join(filter(None, ["idle", entry.parts, note]))
+            row.update(kind="concurrency", capacity=n, in_use=0, remaining=n, parked=waiting)
+        row["note"] = "; ".join(filter(None, ["" if waiting else "idle", entry.parts, note]))
         rows.append(row)
     return rows
+
+
+def parked_of(name: str, counts: dict[str, int]) -> int:
+    """The tasks parked on funnel ``name`` (a task name or ``limit:<pattern>``), from
+    ``ParkStore.counts``: its labels may join several funnels with ``+``."""
+    return sum(n for label, n in counts.items() if name in label.split("+"))

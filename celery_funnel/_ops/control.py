@@ -15,11 +15,11 @@ from .._celery.task import FunnelTask
 from .._config.options import concurrency_of, limits_of
 from .._config.runtime import Runtime, runtime_for
 from .._gate.overrides import Override, parse_ttl
-from .._limiter.backends.redis import run_script
 from .._limiter.errors import ConfigurationError
 from .._limiter.keys import FunnelKey, live_key, parse_key, ranks_key, tickets_key
 from .._limiter.limit import Limit
-from .._limiter.scripts import Script
+from .._limiter.scripts import Script, run_script
+from .._limiter.strategies import capabilities
 from .._limiter.strategies.gcra import funnel_shape
 from .._limiter.values import did_you_mean
 from .._stores.park import ParkStore
@@ -91,7 +91,7 @@ def _change(
     """Apply ``change`` to funnel ``name``'s stored override atomically (WATCH: two
     operators at once do not lose either change); returns (before, after)."""
     runtime = runtime_for(app)
-    client, key = runtime.funnel.client, _key(runtime)  # type: ignore[attr-defined]
+    client, key = runtime.funnel.client, _key(runtime)
     result: list[Override | None] = []
 
     def update(pipe: Any) -> None:
@@ -186,7 +186,7 @@ def unset(app: Any, name: str) -> bool:
 def overrides(app: Any) -> dict[str, Override]:
     """Every override in force, by funnel name; expired ones are deleted on the way."""
     runtime = runtime_for(app)
-    client, key, now = runtime.funnel.client, _key(runtime), time.time()  # type: ignore[attr-defined]
+    client, key, now = runtime.funnel.client, _key(runtime), time.time()
     found: dict[str, Override] = {}
     for raw_name, text in client.hgetall(key).items():
         name = raw_name.decode() if isinstance(raw_name, bytes) else raw_name
@@ -229,13 +229,13 @@ def owner(app: Any, key: FunnelKey, known: dict[str, str] | None = None) -> str 
 
 def _gcra_funnels(runtime: Runtime, name: str) -> Iterator[tuple[str, Limit]]:
     """Funnel ``name``'s GCRA keys in Redis, each with its limit in the code."""
-    client = runtime.funnel.client  # type: ignore[attr-defined]
+    client = runtime.funnel.client
     for key in find(client, runtime.settings.key_prefix, _family(runtime, name)).funnels:
         limit = limit_of(runtime, key)
         own = limit is not None and (
             key.of_limit(limit.pattern) if limit.pattern is not None else True
         )
-        if limit is not None and own and limit.strategy == "gcra":
+        if limit is not None and own and capabilities(limit.strategy).rebases:
             yield key.key, limit
 
 
@@ -246,7 +246,7 @@ def rebase(app: Any, name: str, override: Override | None) -> int:
     live thread calls it as it takes the change up, then wakes the tasks it holds.
     Returns how many bookings were dropped."""
     runtime = runtime_for(app)
-    client = runtime.funnel.client  # type: ignore[attr-defined]
+    client = runtime.funnel.client
     dropped = 0
     for key, limit in _gcra_funnels(runtime, name):
         new = limit if override is None else override.limit(limit)
@@ -263,7 +263,7 @@ def release_parked(app: Any, name: str) -> int:
     runtime = runtime_for(app)
     if not runtime.settings.park:
         return 0
-    store = ParkStore(runtime.funnel.client, runtime.settings.key_prefix)  # type: ignore[attr-defined]
+    store = ParkStore(runtime.funnel.client, runtime.settings.key_prefix)
     labels = [label for label in store.counts() if name in label.split("+")]
     return sum(store.purge(label, release=True) for label in labels)
 
@@ -272,5 +272,5 @@ def adaptive_rates(app: Any) -> dict[str, float]:
     """The adaptive funnels (``"adaptive"`` in a limit) running below their code's rate
     now: funnel key -> units per second. A funnel at its max is not listed."""
     runtime = runtime_for(app)
-    client = runtime.funnel.client  # type: ignore[attr-defined]
+    client = runtime.funnel.client
     return adaptive_rates_of(client, runtime.settings.key_prefix)

@@ -1,4 +1,4 @@
-"""A worker's live thread: it keeps the worker's copy of the overrides (``_live``)
+"""A worker's live thread: it keeps the worker's copy of the overrides (``_gate.live``)
 fresh and writes the numbers the dashboard charts, in one round trip about twice a
 second, never on the task path (a consumer bootstep thread in the worker's main
 process, like the releaser)."""
@@ -13,13 +13,22 @@ from typing import Any
 
 from .. import signals
 from .._celery.loop import Loop, LoopStep, log_failure
+from .._celery.worker import ReleaserStep
 from .._config.runtime import runtime_for
 from .._gate.adaptive import adaptive_key
 from .._gate.gate import WorkerGate
-from .._gate.live import REFRESH_SECONDS, SERIES_KEEP_SECONDS, Live, live_for, series_key
+from .._gate.live import (
+    PAUSED_REFRESH_SECONDS,
+    REFRESH_SECONDS,
+    SERIES_KEEP_SECONDS,
+    Live,
+    live_for,
+    series_key,
+)
 from .._gate.overrides import Change, Override, changes
 from .._limiter.keys import live_key, parked_keys
 from . import control
+from .queues import QueueCounts
 
 __all__ = ["LiveStep", "LiveThread"]
 
@@ -28,9 +37,12 @@ ERROR_PAUSE_SECONDS = 2.0
 
 
 class LiveThread(Loop):
-    """Runs ``tick`` every ``REFRESH_SECONDS`` until ``stop()``. ``waiting()``: how many
-    tasks this worker holds, per funnel label; ``changed(changes)``: the overrides in
-    force changed (``_overrides.Change`` by funnel name; set, ended, expired)."""
+    """Runs ``tick`` every ``REFRESH_SECONDS`` (``PAUSED_REFRESH_SECONDS`` while a funnel
+    is paused, or a resume waits to be acted on) until ``stop()``. ``waiting()``: how many
+    tasks this worker holds, per funnel label; ``queues()``: (queue, how) -> tasks waiting
+    on a funnel (``_ops.queues``; read only when a receiver of ``live_refreshed`` asks);
+    ``changed(changes)``: the overrides in force changed (``_gate.overrides.Change`` by
+    funnel name; set, ended, expired)."""
 
     name = "celery-funnel-live"
     error_pause = ERROR_PAUSE_SECONDS
@@ -43,11 +55,15 @@ class LiveThread(Loop):
         node: str,
         waiting: Callable[[], dict[str, int]],
         changed: Callable[[dict[str, Change]], Any],
+        queues: Callable[[], dict[tuple[str, str], int]] = dict,
+        resumed: Callable[[dict[str, Change]], Any] = lambda found: None,
     ) -> None:
         super().__init__()
         self.client, self.prefix, self.live, self.node = client, prefix, live, node
-        self.waiting, self.changed = waiting, changed
+        self.waiting, self.changed, self.queues = waiting, changed, queues
+        self.resumed = resumed
         self._in_force: dict[str, Override] = {}
+        self._resumed: dict[str, Change] = {}  # seen resumed on the last pass
 
     def failed(self, error: Exception) -> None:
         # Redis down: the table keeps its last content; the gates report the outage
@@ -60,27 +76,34 @@ class LiveThread(Loop):
         try:
             overrides, adaptive, parked = self._exchange(counts)
         except Exception:
-            self.live.give_back(counts)
+            self.live.keep(counts)
             raise
         table = self.live.overrides
         table.load(overrides)
         self.live.adaptive.load(adaptive)
         in_force = table.all()
         changed = changes(self._in_force, in_force)
+        if self._resumed:  # one pass later: every worker's table has the resume by now
+            self.resumed(self._resumed)
+        self._resumed = {n: c for n, c in changed.items() if c.unpaused and not c.limit}
         if changed:
             self.changed(changed)
         self._in_force = in_force  # after: a failed pass takes the changes up again
         parked_counts = {
             (k.decode() if isinstance(k, bytes) else k): int(v) for k, v in parked.items()
         }
-        signals.live_refreshed.send(sender=self.node, overrides=in_force, parked=parked_counts)
+        signals.live_refreshed.send(
+            sender=self.node, overrides=in_force, parked=parked_counts, queues=self.queues
+        )
+        if any(o.paused for o in in_force.values()) or self._resumed:
+            return PAUSED_REFRESH_SECONDS
         return REFRESH_SECONDS
 
     def _exchange(self, counts: Counter[tuple[str, int, str]]) -> tuple[Any, Any, Any]:
         pipe = self.client.pipeline(transaction=False)
         pipe.hgetall(live_key(self.prefix, "overrides"))
         pipe.hgetall(adaptive_key(self.prefix))
-        pipe.hgetall(parked_keys(self.prefix)[7])
+        pipe.hgetall(parked_keys(self.prefix).counts)
         minutes = set()
         for (label, second, kind), n in counts.items():
             key = series_key(self.prefix, second // 60)
@@ -113,17 +136,33 @@ class LiveStep(LoopStep):
             found = gate()
             return {} if found is None else found.waiting()
 
+        def wake_releaser() -> None:
+            for step in getattr(consumer.blueprint, "order", None) or ():
+                if isinstance(step, ReleaserStep) and step.loop is not None:
+                    step.loop.wake()
+
         def changed(found: dict[str, Change]) -> None:
             for name, change in sorted(found.items()):
                 if change.limit:  # the old limit's bookings go; parked tasks released
                     control.rebase(app, name, change.after)
-                elif change.unpaused:
-                    control.release_parked(app, name)
             held = gate()
             if held is not None:  # every waiting task of those funnels decides again
                 held.held.wake(set(found))
 
+        def resumed(found: dict[str, Change]) -> None:
+            # a pass after the resume was seen, so every worker's table has it (a task
+            # released to a worker still paused would be parked again for a minute).
+            # The funnel restarts at its rate from now: bookings made before the pause
+            # would leave the slots of the tasks it parked empty (seconds of no start)
+            for name, change in sorted(found.items()):
+                control.rebase(app, name, change.after)
+            wake_releaser()  # due at once: released now, not at the releaser's next pass
+            held = gate()
+            if held is not None:  # their bookings were dropped: decide again now
+                held.held.wake(set(found))
+
+        client, prefix = runtime.funnel.client, runtime.settings.key_prefix
         return LiveThread(
-            runtime.funnel.client, runtime.settings.key_prefix, live_for(app),  # type: ignore[attr-defined]
-            getattr(consumer, "hostname", "") or "worker", waiting, changed,
+            client, prefix, live_for(app), getattr(consumer, "hostname", "") or "worker",
+            waiting, changed, QueueCounts(consumer, client, prefix).counts, resumed,
         )  # fmt: skip

@@ -1,6 +1,6 @@
 """What ``celery funnel`` shows: the app's funnel keys found in Redis (only keys that
 parse as keys of the layout), each with its limit and the state the core computes
-(a peek through the strategy registry: nothing taken), and times in local time."""
+(a peek through the strategy registry: nothing taken), and times in UTC."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from .._stores.unique import UniqueStore
 
 __all__ = [
     "Found", "adaptive_rates", "adaptive_text", "at", "describe", "fair_lines", "find",
-    "lease_funnels", "limit_of", "resolve", "unique_rows",
+    "lease_funnels", "limit_of", "resolve", "unique_rows", "utc_time",
 ]  # fmt: skip
 
 Failure = (BackendError, BackendConfigurationError, RedisError)
@@ -115,12 +115,18 @@ def adaptive_text(rate: float | None, limit: Limit) -> str:
     return f"{rate * period:.3g}/{unit} (max {limit.rate}, min {low:.3g}/{unit}; lowered by 429s)"
 
 
+def utc_time(epoch: float) -> str:
+    """An instant as UTC, 24-hour, to the second: what every command prints."""
+    when = datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc)
+    return f"{when:%Y-%m-%d %H:%M:%S} UTC"
+
+
 def at(epoch: float, now: float) -> str:
-    """An instant as local time with milliseconds, and its distance from ``now``."""
-    when = datetime.datetime.fromtimestamp(epoch).astimezone()
+    """An instant as UTC with milliseconds, and its distance from ``now``."""
+    when = datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc)
     delta = epoch - now
     distance = f"in {delta:.3f} s" if delta >= 0 else f"{-delta:.3f} s ago"
-    return f"{when:%Y-%m-%d %H:%M:%S}.{when.microsecond // 1000:03d} {when:%Z} ({distance})"
+    return f"{when:%Y-%m-%d %H:%M:%S}.{when.microsecond // 1000:03d} UTC ({distance})"
 
 
 def describe(funnel: RedisFunnel, key: FunnelKey, limit: Limit | None) -> dict[str, Any]:

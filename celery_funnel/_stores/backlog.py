@@ -7,9 +7,8 @@ counts for ``ttl`` seconds at most: the count heals itself."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from .._limiter.keys import backlog_key
+from .._limiter.scripts import RedisClient
 from .store import RedisStore
 
 __all__ = ["TTL_SECONDS", "Backlog"]
@@ -26,16 +25,20 @@ class Backlog(RedisStore):
 
     what = "the backlog of tasks not yet started"
 
-    def __init__(self, client: Any, ttl: float = TTL_SECONDS) -> None:
+    def __init__(self, client: RedisClient, ttl: float = TTL_SECONDS) -> None:
         super().__init__(client)
         self.ttl = ttl
         self._enter = self._register("_clock", "backlog_enter")
 
-    def enter(self, funnel: str, task_id: str, most: int) -> tuple[bool, int]:
+    def enter(
+        self, funnel: str, task_id: str, most: int, *, force: bool = False
+    ) -> tuple[bool, int]:
         """Count task ``task_id`` in funnel ``funnel``'s backlog unless ``most`` wait
-        already: whether it was counted, and how many wait now."""
+        already (``force``: in any case, a task accepted before): whether it was
+        counted, and how many wait now."""
         key = backlog_key(funnel)
-        reply = self._script(self._enter, [key], "", task_id, most, round(self.ttl * US))
+        ttl = round(self.ttl * US)
+        reply = self._script(self._enter, [key], "", task_id, most, ttl, "1" if force else "")
         return bool(reply[0]), int(reply[1])
 
     def leave(self, funnel: str, task_id: str) -> None:

@@ -1,7 +1,8 @@
 """Is this Redis fit to keep funnels? ``check`` answers with one ``Finding`` per problem:
 unreachable or refusing credentials, ACL gaps (each script is run once on scratch keys
 under the prefix), a read-only replica, an evicting ``maxmemory-policy``, persistence
-off. Run by ``celery funnel check`` and, cheaply, at worker start (``report``)."""
+off (and whether tasks are parked there: ``Persistence``). Run by ``celery funnel
+check`` and, cheaply, at worker start (``report``)."""
 
 from __future__ import annotations
 
@@ -9,16 +10,20 @@ import logging
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from redis.exceptions import RedisClusterException, RedisError
 
+from .._limiter import strategies
 from .._limiter.backends._faults import configuration_fault
 from .._limiter.backends.redis import RedisFunnel
 from .._limiter.errors import BackendConfigurationError, BackendError
 from .._limiter.keys import funnel_key, tickets_key
+from .._limiter.limit import Limit
+from .._limiter.rate import Rate
 from .park import ParkStore
-from .persistence import aof_everywhere
+from .persistence import Persistence, Rule, aof_everywhere, info_per_node
 
 __all__ = ["ACL_COMMANDS", "Finding", "acl_line", "check", "report"]
 
@@ -29,7 +34,7 @@ ACL_COMMANDS = (
     "evalsha", "eval", "script|load", "ping", "time", "get", "set", "del", "pexpire",
     "hmget", "hset", "hgetall", "zadd", "zrem", "zscore", "zcard", "zcount", "zrange",
     "zremrangebyscore", "hget", "hdel", "hincrby", "hlen", "hexists", "zrangebyscore",
-    "zremrangebyrank", "exists",
+    "zremrangebyrank", "exists", "zrevrangebyscore", "publish", "subscribe",
     "scan", "type", "pttl", "info", "role", "config|get",
 )  # fmt: skip
 EVICTING = ("allkeys-", "volatile-")
@@ -53,9 +58,11 @@ class Finding:
 
 def acl_line(prefix: str, user: str = "funnel") -> str:
     """The ``ACL SETUSER`` line that gives ``user`` what celery-funnel needs, and only
-    the keys under ``prefix``."""
+    the keys and pub/sub channels (a seat handed to a waiter held in its worker) under
+    ``prefix``."""
     commands = " ".join(f"+{c}" for c in ACL_COMMANDS)
-    return f"ACL SETUSER {user} on >PASSWORD resetkeys ~{prefix}* -@all {commands}"
+    where = f"resetkeys ~{prefix}* resetchannels &{prefix}*"
+    return f"ACL SETUSER {user} on >PASSWORD {where} -@all {commands}"
 
 
 def _error(topic: str, doing: str, exc: BaseException) -> Finding:
@@ -68,47 +75,41 @@ def _error(topic: str, doing: str, exc: BaseException) -> Finding:
 
 def _scripts(funnel: RedisFunnel, prefix: str) -> Finding | None:
     """Run every script once on scratch keys (one slot, 1 s periods: they expire
-    at once even when DEL is refused); the first failure, if any."""
+    at once even when DEL is refused): each registered strategy's decision (and its
+    booking, when it books), GCRA's hold, the parked tasks'; the first failure, if any."""
     name = f"check:{uuid.uuid4().hex[:12]}"
-    gcra, fixed, log, window = (funnel_key(prefix, name, str(i)) for i in range(4))
+    gcra = funnel_key(prefix, name, "hold")
+    scratch = [gcra, tickets_key(gcra)]
     calls: list[tuple[str, Callable[[], object]]] = [
-        ("gcra.lua", lambda: funnel.throttle(gcra, 0, 1, 1)),
-        ("reserve.lua", lambda: funnel.reserve(gcra, 0, 1, 1, ticket="check")),
         ("hold.lua", lambda: funnel.hold(gcra, 0, 1, 1, 0.001)),
-        ("fixed_window.lua", lambda: funnel.fixed_window(fixed, 1, 1)),
-        ("sliding_log.lua", lambda: funnel.sliding_log(log, 1, 1)),
-        ("sliding_window.lua", lambda: funnel.sliding_window(window, 1, 1, windows=2)),
     ]
+    for kind in strategies.names():
+        strategy, key = strategies.get(kind), funnel_key(prefix, name, kind)
+        spec = Limit(Rate(1, 1), strategy=kind, windows=2)
+        scratch += [key, tickets_key(key)]
+        calls.append((f"{kind}'s script", partial(strategy.decide, funnel, key, spec, 1)))
+        if strategy.reserve is not None:
+            book = partial(strategy.reserve, funnel, key, spec, 1, "check", False, None)
+            calls.append((f"{kind}'s booking", book))
     parked = ParkStore(funnel.client, f"{prefix}{name}:")
     calls.append(("park*.lua", lambda: _park_round(parked)))
     try:
         for _, call in calls:
             call()
-        funnel.client.delete(gcra, tickets_key(gcra), fixed, log, window, *parked.keys)
+        funnel.client.delete(*scratch, *parked.keys)
     except (BackendError, BackendConfigurationError, *Refused) as exc:
         return _error("scripts", "the funnel scripts on scratch keys under the prefix", exc)
     return None
 
 
 def _park_round(store: ParkStore) -> None:
-    """Park, claim, accept and forget one scratch entry: every parked-task script once."""
+    """Park, claim and accept one scratch entry: every parked-task script once."""
     meta = {"task": "check", "funnel": "check", "priority": None, "parked_at": 0.0}
     message = {"body": b"", "headers": {}, "meta": meta}
     store.park("check", 0.0, message, "")
     for release in store.claim(0.0, 1.0, 1, 1.0)[2]:
         store.accept(release.task_id, release.token)
-        store.done(release)
     store.purge()
-
-
-def _info(client: Any, section: str) -> dict[str, Any]:
-    """``INFO section`` as one dict (a Cluster answers per node: the nodes merged)."""
-    info = client.info(section)
-    merged: dict[str, Any] = {}
-    for value in info.values():
-        if isinstance(value, dict):
-            merged.update(value)
-    return {**merged, **{k: v for k, v in info.items() if not isinstance(v, dict)}}
 
 
 def _replica(client: Any) -> Finding | None:
@@ -125,8 +126,11 @@ def _replica(client: Any) -> Finding | None:
 
 
 def _eviction(client: Any) -> Finding | None:
-    try:
-        policy = str(_info(client, "memory").get("maxmemory_policy", ""))
+    try:  # the first evicting policy of any master
+        policies = [
+            str(node.get("maxmemory_policy", "")) for node in info_per_node(client, "memory")
+        ]
+        policy = next((p for p in policies if p.startswith(EVICTING)), "")
     except Refused as exc:
         return Finding("note", "eviction", f"cannot read maxmemory-policy ({exc}): make sure"
                        " it is noeviction")  # fmt: skip
@@ -140,7 +144,9 @@ def _eviction(client: Any) -> Finding | None:
     return None
 
 
-def _persistence(client: Any, parking: bool | str) -> Finding | None:
+def _persistence(client: Any, parking: bool | str, persistence: Persistence) -> Finding | None:
+    """What the rule for parking (``Persistence``, the one decision the workers take)
+    says of this Redis, when there is something to say."""
     try:
         aof = aof_everywhere(client)  # a Cluster: on every master
         save = client.config_get("save").get("save", "") if not aof else "aof"
@@ -148,20 +154,34 @@ def _persistence(client: Any, parking: bool | str) -> Finding | None:
         return None  # CONFIG refused (managed Redis): nothing to say
     if aof:
         return None
+    forgets = "" if save else (
+        ". With no RDB save either, a restart forgets every funnel, and each lets one full"
+        " burst through"
+    )  # fmt: skip
+    rule = persistence.rule() if parking else None
+    why = f" ({persistence.broker_why})" if persistence.broker_why else ""
+    if rule is Rule.BROKER:
+        return Finding(
+            "note", "persistence",
+            "no append-only file, but this Redis is the broker's own server: tasks are"
+            " parked here, as safe as the tasks queued in the broker (a restart of this"
+            " Redis loses both, as Celery loses its queue); turn on AOF (appendonly yes)"
+            " to keep both" + forgets,
+        )  # fmt: skip
     if parking is True:
         return Finding(
             "error", "persistence",
-            "funnel_park=True, but this Redis has no append-only file: a restart would lose"
-            " every parked task, so the worker refuses to start; turn on AOF (appendonly"
-            " yes) or set funnel_park='auto'",
+            f"funnel_park=True, but this Redis has no append-only file and is not the"
+            f" broker's Redis server{why}: a restart would lose every parked task, so the"
+            f" worker refuses to start; turn on AOF (appendonly yes), keep the funnels on"
+            f" the broker's Redis, or set funnel_park='auto'",
         )  # fmt: skip
     if parking:
         return Finding(
             "note", "persistence",
-            "no append-only file: no task is parked here (a restart would lose it); long"
-            " waits go back to the broker with capped countdowns; turn on AOF (appendonly"
-            " yes) to park them" + ("" if save else ". With no RDB save either, a restart"
-            " forgets every funnel, and each lets one full burst through"),
+            f"no append-only file, and not the broker's Redis server{why}: no task is"
+            f" parked here (a restart would lose it); long waits go back to the broker with"
+            f" capped countdowns; turn on AOF (appendonly yes) to park them" + forgets,
         )  # fmt: skip
     if not save:
         return Finding(
@@ -172,9 +192,16 @@ def _persistence(client: Any, parking: bool | str) -> Finding | None:
     return None
 
 
-def check(funnel: RedisFunnel, prefix: str, *, parking: bool | str = False) -> list[Finding]:
+def check(
+    funnel: RedisFunnel,
+    prefix: str,
+    *,
+    parking: bool | str = False,
+    persistence: Persistence | None = None,
+) -> list[Finding]:
     """Every problem found with ``funnel``'s Redis for keys under ``prefix``; [] when
-    it is fit. ``parking``: ``funnel_park`` (parking needs an append-only file).
+    it is fit. ``parking``: ``funnel_park``; ``persistence``: the rule for parking
+    (an append-only file, or the broker's own server; without it, AOF alone).
     Never raises for Redis errors: they become findings."""
     client = funnel.client
     try:
@@ -184,7 +211,8 @@ def check(funnel: RedisFunnel, prefix: str, *, parking: bool | str = False) -> l
     scripts = _scripts(funnel, prefix)
     # a replica refuses the scripts' writes already: one line per problem
     replica = None if scripts is not None and "replica" in scripts.message else _replica(client)
-    findings = [scripts, replica, _eviction(client), _persistence(client, parking)]
+    persistence = persistence or Persistence(lambda: client, parking)
+    findings = [scripts, replica, _eviction(client), _persistence(client, parking, persistence)]
     return [f for f in findings if f is not None]
 
 

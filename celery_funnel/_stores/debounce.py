@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._limiter.keys import parked_keys
+from .._limiter.scripts import RedisClient
 from .park import encode_message
-from .store import RedisStore, text
+from .store import ParkedStore, text
 
 __all__ = ["DebounceStore", "Sent"]
 
@@ -35,7 +35,7 @@ class Sent:
     opened: bool = False
 
 
-class DebounceStore(RedisStore):
+class DebounceStore(ParkedStore):
     """The debounced sends of one app in the funnels' Redis (``client``), under
     ``prefix``.
 
@@ -44,10 +44,9 @@ class DebounceStore(RedisStore):
 
     what = "the debounced tasks"
 
-    def __init__(self, client: Any, prefix: str) -> None:
-        super().__init__(client)
-        self.keys = parked_keys(prefix)
-        self._send = self._register("_parked", "debounce")
+    def __init__(self, client: RedisClient, prefix: str) -> None:
+        super().__init__(client, prefix)
+        self._send = self.parked_script("debounce")
 
     def send(
         self,

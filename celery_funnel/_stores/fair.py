@@ -12,13 +12,14 @@ tenants sorted set (and a weight field when not 1). Admission counts live 4 s.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from redis.exceptions import RedisError
 
 from .._limiter.errors import BackendError
 from .._limiter.fair import Fair
 from .._limiter.keys import fair_keys, fair_registry_key, parked_keys
+from .._limiter.scripts import RedisClient
 from .store import RedisStore, text
 
 __all__ = ["FairStore", "Popped", "TenantRow", "fair_status"]
@@ -46,7 +47,7 @@ class TenantRow(NamedTuple):
     admitted_per_second: int
 
 
-def fair_status(client: Any, key: str) -> list[TenantRow]:
+def fair_status(client: RedisClient, key: str) -> list[TenantRow]:
     """Per tenant of fair funnel ``key`` (redis-py ``client``): tasks waiting and tasks
     admitted in the last whole second (the server's clock), the next served first; then
     the tenants admitted in that second with nothing waiting now. At most ``HEADS``
@@ -79,7 +80,7 @@ class FairStore(RedisStore):
 
     what = "a fair-share funnel"
 
-    def __init__(self, client: Any, prefix: str) -> None:
+    def __init__(self, client: RedisClient, prefix: str) -> None:
         super().__init__(client)
         self.parked = [*parked_keys(prefix), fair_registry_key(prefix)]
         self._admit, self._enqueue, self._pop, self._forget = (

@@ -4,14 +4,14 @@ it (``lua/give_back.lua``, with its Python twin for the memory backend)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from .._limiter.backends.base import Funnel
 from .._limiter.keys import tickets_key
 from .._limiter.memstore import MemoryStore
-from .._limiter.scripts import Arg, Reply, Script, clock_arg, parse_now
+from .._limiter.scripts import Arg, Call, Reply, Script, clock_arg, parse_now
 from .._limiter.strategies.gcra import shape
 
-__all__ = ["give_back"]
+__all__ = ["CancelOp"]
 
 
 def _twin(store: MemoryStore, keys: Sequence[str], argv: Sequence[Arg]) -> Reply:
@@ -37,22 +37,23 @@ def _twin(store: MemoryStore, keys: Sequence[str], argv: Sequence[Arg]) -> Reply
 SCRIPT = Script.load("give_back", _twin)
 
 
-def give_back(
-    funnel: Funnel,
-    keys: Sequence[str],
-    shapes: Sequence[tuple[int, int, float, int]],
-    ticket: str,
-) -> int:
+@dataclass(frozen=True)
+class CancelOp:
     """Cancel ``ticket``'s booking on the GCRA funnels ``keys`` (each with its
-    ``(max_burst, count, period, quantity)``), as one atomic step: the tickets live
-    beside the first key. Returns how many funnels took the slot back.
+    ``(max_burst, count, period, quantity)``), as one atomic step, run by
+    ``Funnel.decide`` (a ``scripts.Op``): the tickets live beside the first key. Answers
+    how many funnels took the slot back."""
 
-    Raises:
-        BackendError: when the funnel's Redis fails.
-    """
-    args: list[Arg] = [clock_arg(None), ticket]
-    for max_burst, count, period, quantity in shapes:
-        _limit, t, tau = shape(max_burst, count, period)
-        args += [t * quantity, tau]
-    reply = funnel._eval(SCRIPT, [tickets_key(keys[0]), *keys], args)
-    return int(reply[1])
+    keys: Sequence[str]
+    shapes: Sequence[tuple[int, int, float, int]]
+    ticket: str
+
+    def call(self) -> Call:
+        args: list[Arg] = [clock_arg(None), self.ticket]
+        for max_burst, count, period, quantity in self.shapes:
+            _limit, t, tau = shape(max_burst, count, period)
+            args += [t * quantity, tau]
+        return SCRIPT, [tickets_key(self.keys[0]), *self.keys], args
+
+    def answer(self, reply: Reply) -> int:
+        return int(reply[1])

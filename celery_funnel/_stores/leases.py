@@ -6,10 +6,14 @@ The worker gate takes every slot a task needs in one atomic step, before the tas
 reaches the pool; the run gives them back when it ends, by task id and token (twice is
 harmless); the worker renews the leases it holds in one call per interval; a lease not
 renewed (its worker died) runs out, and the next script that touches the funnel frees
-it. A task refused a slot is parked (``_park``) with no release time and queued
-(``#waiters``: the broker's priority first, then arrival): a freed slot is handed to
-the first waiter in the same script, and the process that freed it publishes the
-waiter at once (``hand_on``).
+it. A task refused a slot waits queued (``#waiters``: the broker's priority first, then
+arrival), parked (``_stores.park``) with no release time, or, where nothing may be
+parked, held in its worker (a held waiter, ``HeldWaiter``): a freed slot is handed to
+the first waiter in the same script; the process that freed it publishes a parked
+waiter at once (``hand_on``), and the script itself tells a held waiter's worker on
+its pub/sub channel. A held waiter's mark lasts a few seconds unless its worker looks
+again: a dead worker's waiters leave the queue, and a slot handed to one runs out
+with its mark.
 """
 
 from __future__ import annotations
@@ -22,13 +26,16 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from .._limiter.backends.redis import run_script
 from .._limiter.errors import BackendError
 from .._limiter.keys import lease_keys, parked_keys
+from .._limiter.scripts import RedisClient, run_script
 from .park import Release, decode_message
 from .store import RedisStore, text
 
-__all__ = ["Handed", "Holder", "Lease", "LeaseStore", "Renewal", "SlotFunnel", "slot_funnels_of"]
+__all__ = [
+    "Handed", "HeldWaiter", "Holder", "Lease", "LeaseStore", "Renewal", "SlotFunnel",
+    "slot_funnels_of",
+]  # fmt: skip
 
 logger = logging.getLogger("celery_funnel")
 US = 1_000_000
@@ -42,6 +49,18 @@ class SlotFunnel:
     n: int
     key: str
     label: str
+
+
+@dataclass(frozen=True)
+class HeldWaiter:
+    """A run refused a seat and held in its worker (not parked): queued with priority
+    ``rank`` (0 first), told on ``channel`` (its worker's, ``handed_channel``) when
+    handed a seat; its mark ``lasts`` seconds unless it looks again (then, its worker
+    died: it leaves the queue)."""
+
+    channel: str
+    lasts: float
+    rank: int = 0
 
 
 Handed = tuple[SlotFunnel, str]  # a waiter (task id) handed a slot of a funnel
@@ -124,7 +143,7 @@ class LeaseStore(RedisStore):
 
     what = "the concurrency slots"
 
-    def __init__(self, client: Any, prefix: str, ttl: float) -> None:
+    def __init__(self, client: RedisClient, prefix: str, ttl: float) -> None:
         super().__init__(client)
         self.ttl, self.ttl_us = ttl, round(ttl * US)
         self.parked = parked_keys(prefix)
@@ -135,15 +154,20 @@ class LeaseStore(RedisStore):
         self._wake = self._register("_parked", "lease_wake")
 
     def acquire(
-        self, slot_funnels: Sequence[SlotFunnel], task_id: str, worker: str
-    ) -> tuple[Lease | None, list[Handed]]:
-        """Take a slot in every one of ``slot_funnels`` for ``task_id``, all or none: the lease
-        (None: refused, nothing taken) and the waiters this call handed a slot."""
-        token = uuid.uuid4().hex
+        self, slot_funnels: Sequence[SlotFunnel], task_id: str, worker: str, token: str = "",
+        held: HeldWaiter | None = None,
+    ) -> tuple[Lease | None, list[Handed]]:  # fmt: skip
+        """Take a slot in every one of ``slot_funnels`` for ``task_id``, all or none, under
+        ``token`` (a new one when ""): the lease (None: refused, nothing taken) and the
+        parked waiters this call handed a slot. Refused, a run ``held`` in its worker is
+        queued as a held waiter (its place kept from its first refusal)."""
+        token = token or uuid.uuid4().hex
         keys, counts = _keys_and_counts(slot_funnels)
+        mark = held or HeldWaiter("", 0.0)
         reply = self._script(
-            self._acquire, keys, task_id, f"{token}|{worker}", self.ttl_us, *counts
-        )
+            self._acquire, keys, task_id, f"{token}|{worker}", self.ttl_us,
+            mark.channel, round(mark.lasts * US), mark.rank, *counts,
+        )  # fmt: skip
         lease = Lease(task_id, token, tuple(slot_funnels)) if int(reply[0]) else None
         return lease, _handed(slot_funnels, reply[2:])
 

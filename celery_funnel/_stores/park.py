@@ -7,7 +7,10 @@ written to Redis with its release time, and the broker's copy is acked. Every wo
 releaser (``releaser.py``) claims due entries with a lease, publishes them to their
 original exchange and routing key, and forgets them. A releaser that dies mid-release
 leaves a lease that runs out; another claims the entry again. Each release carries a
-token: the first copy a worker accepts runs, any other copy of the same release is dropped.
+token: the first copy a worker accepts runs, any other copy of the same release is dropped
+(``copies``). The entry stays until a worker accepts a copy of its release, so that a
+copy lost on its way (its receiving worker killed before the broker recorded the
+delivery) is published again once the lease runs out.
 
 Keys (one hash tag, so one script sees them all on a Redis Cluster)::
 
@@ -15,8 +18,8 @@ Keys (one hash tag, so one script sees them all on a Redis Cluster)::
     <prefix>{~parked}#entries      hash        task id -> message (JSON)
     <prefix>{~parked}#claims       hash        task id -> token of the claiming release
     <prefix>{~parked}#leases       sorted set  task id -> end of the claim (µs)
-    <prefix>{~parked}#accepted     hash        task id -> token of the accepted copy;
-                                               origin of the first parked message
+    <prefix>{~parked}#accepted     hash        task id -> its copies (``copies``);
+                                               origins of its messages
     <prefix>{~parked}#accepted-at  sorted set  task id -> when (µs), to expire the above
 
 An entry records its funnel, Celery priority and arrival time beside the message, so
@@ -28,16 +31,17 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from kombu.entity import Queue
 from kombu.messaging import Producer
 
-from .._limiter.keys import parked_keys
+from .._limiter.scripts import RedisClient
+from .copies import Copies
 from .fair import FairStore
-from .store import RedisStore, text
+from .store import ParkedStore, text
 
 __all__ = ["ParkStore", "Parked", "Release", "capture"]
 
@@ -121,7 +125,7 @@ def decode_message(text: str | bytes) -> dict[str, Any]:
     return message
 
 
-class ParkStore(RedisStore):
+class ParkStore(ParkedStore):
     """The parked tasks of one app, in the funnels' Redis (``client``, redis-py), under
     ``prefix`` (``funnel_key_prefix``).
 
@@ -130,24 +134,22 @@ class ParkStore(RedisStore):
 
     what = "the parked tasks"
 
-    def __init__(self, client: Any, prefix: str) -> None:
-        super().__init__(client)
-        self.prefix = prefix
-        self.keys = parked_keys(prefix)
-        self._park, self._claim, self._done, self._accept, self._purge = (
-            self._register("_parked", name)
-            for name in ("park", "park_claim", "park_done", "park_accept", "park_purge")
+    def __init__(self, client: RedisClient, prefix: str) -> None:
+        super().__init__(client, prefix)
+        self.copies = Copies(client, prefix)
+        self._park, self._claim, self._purge = map(
+            self.parked_script, ("park", "park_claim", "park_purge")
         )
 
     def park(
         self, task_id: str, wait: float, message: Mapping[str, Any], token: str, origin: str = ""
     ) -> bool:
         """Park ``message`` (see ``capture``) for ``wait`` seconds from now (the server's
-        clock), counted under its ``meta["funnel"]`` label. ``token``: the release token
-        the deferred copy carried ("" if none). ``origin``: what tells copies of one
-        message from another message given the same task id (``park.lua``). False
-        when that copy is stale (its task was released and accepted already): the
-        caller drops it."""
+        clock), counted under its ``meta["funnel"]`` label. ``token``: the token of the
+        copy parked ("" for the message as first sent). ``origin``: what tells copies
+        of one message from another message given the same task id (``copies``).
+        False when that copy is stale (another copy was accepted, or the task is
+        parked already): the caller drops it."""
         wait_us = max(round(wait * US), 0)
         label = str(message["meta"]["funnel"])
         reply = self._script(
@@ -159,10 +161,11 @@ class ParkStore(RedisStore):
     def claim(
         self, lead: float, lease: float, limit: int, keep: float
     ) -> tuple[float, float, list[Release]]:
-        """Claim up to ``limit`` entries due within ``lead`` seconds (and any whose lease
-        ran out) for ``lease`` seconds; forget acceptance records older than ``keep``
-        seconds. Returns the next release time and the server's time (epoch seconds;
-        the next release is -1 when nothing waits), and the claims."""
+        """Claim up to ``limit`` entries due within ``lead`` seconds (and any whose
+        copy no worker accepted within its lease) for ``lease`` seconds (twice as long
+        at each claim again); forget records of copies settled ``keep`` seconds ago.
+        Returns the next release time and the server's time (epoch seconds; the next
+        release is -1 when nothing waits), and the claims."""
         token = uuid.uuid4().hex
         args = (round(lead * US), round(lease * US), limit, token, round(keep * US))
         reply = self._script(self._claim, self.keys, *args)
@@ -171,25 +174,18 @@ class ParkStore(RedisStore):
         following = float(reply[0]) / US if int(reply[0]) >= 0 else -1.0
         return following, float(reply[1]) / US, releases
 
-    def done(self, release: Release) -> bool:
-        """``release`` was published: forget its entry (unless parked again since)."""
-        return bool(self._script(self._done, self.keys, release.task_id, release.token)[0])
-
     def accept(self, task_id: str, token: str, *, drop: bool = False) -> bool:
-        """A worker received a copy of a release: True to run it, False when another copy
-        of the same release was accepted (drop this one). ``drop``: the task was
-        revoked; record the release as done and run nothing."""
-        return bool(
-            self._script(self._accept, self.keys, task_id, token, "drop" if drop else "")[0]
-        )
+        """A worker received the copy of a release carrying ``token``: True to run it,
+        False to drop it (``Copies.accept``)."""
+        return self.copies.accept(task_id, token, drop=drop)
 
     def count(self) -> int:
         """How many tasks are parked (those being released included)."""
-        return int(self._method("execute_command", "HLEN", self.keys[1]))
+        return int(self._method("execute_command", "HLEN", self.keys.entries))
 
     def counts(self) -> dict[str, int]:
         """How many tasks each funnel label holds parked."""
-        raw = self._method("hgetall", self.keys[7])
+        raw = self._method("hgetall", self.keys.counts)
         return {text(k): int(v) for k, v in raw.items() if int(v) > 0}
 
     def entries(self, limit: int = 1000, label: str | None = None) -> list[Parked]:
@@ -198,11 +194,13 @@ class ParkStore(RedisStore):
         found: list[Parked] = []
         for page in range(PAGES):
             pairs = self._method(
-                "zrange", self.keys[0], page * PAGE, (page + 1) * PAGE - 1, withscores=True
+                "zrange", self.keys.due, page * PAGE, (page + 1) * PAGE - 1, withscores=True
             )
             if not pairs:
                 break
-            texts = self._method("execute_command", "HMGET", self.keys[1], *[i for i, _ in pairs])
+            texts = self._method(
+                "execute_command", "HMGET", self.keys.entries, *[i for i, _ in pairs]
+            )
             for (task_id, score), raw in zip(pairs, texts, strict=True):
                 if raw is None:
                     continue
@@ -221,13 +219,20 @@ class ParkStore(RedisStore):
         or, with ``release``, make them due now. How many it purged or made due (at most
         ``PAGE * PAGES`` per call)."""
         ids = [p.task_id for p in self.entries(PAGE * PAGES, label)]
-        action = "release" if release else "purge"
-        done = sum(
-            int(self._script(self._purge, self.keys, action, *ids[start : start + PAGE])[0])
-            for start in range(0, len(ids), PAGE)
-        )
+        done = self._each_page("release" if release else "purge", ids)
         if not release:  # purged fair-share tasks leave their queues: no slot for them
             fair = FairStore(self.client, self.prefix)
             for start in range(0, len(ids), PAGE):
                 fair.forget(ids[start : start + PAGE])
         return done
+
+    def make_due(self, ids: Sequence[str]) -> int:
+        """Make the parked tasks among ``ids`` due now (the others are left alone: not
+        parked, or being released); how many it made due."""
+        return self._each_page("release", list(ids))
+
+    def _each_page(self, action: str, ids: list[str]) -> int:
+        return sum(
+            int(self._script(self._purge, self.keys, action, *ids[start : start + PAGE])[0])
+            for start in range(0, len(ids), PAGE)
+        )

@@ -6,13 +6,14 @@ run with a Redis failure raised as ``BackendError`` naming the store."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 from redis.exceptions import RedisError
 
-from .._limiter.backends.redis import run_script
 from .._limiter.errors import BackendError
-from .._limiter.scripts import Script
+from .._limiter.keys import parked_keys
+from .._limiter.scripts import RedisClient, Script, run_script
 
 __all__ = ["RedisStore", "script_of", "text"]
 
@@ -34,14 +35,14 @@ class RedisStore:
 
     what = "the funnels"
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: RedisClient) -> None:
         self.client = client
 
     def _register(self, *names: str) -> Script:
         """The script made of ``celery_funnel/lua/<name>.lua`` files, preludes first."""
         return script_of(*names)
 
-    def _script(self, script: Script, keys: list[str], *args: Any) -> list[Any]:
+    def _script(self, script: Script, keys: Sequence[str], *args: Any) -> list[Any]:
         try:
             reply = run_script(self.client, script, keys, args)
         except RedisError as exc:
@@ -54,3 +55,17 @@ class RedisStore:
             return getattr(self.client, name)(*args, **kwargs)
         except RedisError as exc:
             raise BackendError(f"Redis failed on {self.what}: {exc}") from exc
+
+
+class ParkedStore(RedisStore):
+    """A store beside the parked tasks: their keys (``parked_keys(prefix)``, one hash
+    tag), and scripts that start with the prelude ``lua/_parked.lua`` (``parked_script``)."""
+
+    def __init__(self, client: RedisClient, prefix: str) -> None:
+        super().__init__(client)
+        self.prefix = prefix
+        self.keys = parked_keys(prefix)
+
+    def parked_script(self, name: str) -> Script:
+        """``lua/<name>.lua`` after the prelude ``lua/_parked.lua``."""
+        return self._register("_parked", name)

@@ -11,9 +11,9 @@ only by the task that holds it).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from .._limiter.keys import unique_key
+from .._limiter.scripts import RedisClient
 from .store import RedisStore, text
 
 __all__ = ["UniqueStore"]
@@ -27,16 +27,17 @@ class UniqueStore(RedisStore):
 
     what = "the unique tasks"
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: RedisClient) -> None:
         super().__init__(client)
         self._claim = self._register("unique_claim")
         self._renew = self._register("unique_renew")
         self._free = self._register("unique_free")
 
-    def claim(self, funnel: str, task_id: str, ttl: float) -> tuple[bool, str]:
-        """Take funnel ``funnel``'s unique key for ``task_id`` for ``ttl`` seconds:
-        whether this task holds it now, and the id of the task that holds it."""
-        reply = self._script(self._claim, [unique_key(funnel)], task_id, _ms(ttl))
+    def claim(self, funnel: str, task_id: str, ttl: float, over: str = "") -> tuple[bool, str]:
+        """Take funnel ``funnel``'s unique key for ``task_id`` for ``ttl`` seconds (also
+        from task ``over``, whose run ended): whether this task holds it now, and the
+        id of the task that holds it."""
+        reply = self._script(self._claim, [unique_key(funnel)], task_id, _ms(ttl), over)
         return bool(int(reply[0])), text(reply[1])
 
     def renew(self, held: Sequence[tuple[str, str]], ttl: float) -> list[int]:

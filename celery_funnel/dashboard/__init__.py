@@ -1,4 +1,4 @@
-"""The web dashboard (``pip install 'celery-funnel[dashboard]'``): every funnel of a
+"""The web dashboard (its extra: ``pip install '.[dashboard]'``): every funnel of a
 Celery app live, with its limit, override, level, parked and held tasks, admitted and
 deferred per second over the last hour, and controls to set, pause, resume and unset.
 
@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from importlib import resources
 from typing import Any
 
+from .._limiter.words import missing_extra
+
 try:
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
@@ -26,8 +28,7 @@ try:
     from starlette.staticfiles import StaticFiles
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "celery_funnel.dashboard needs Starlette and uvicorn:"
-        " pip install 'celery-funnel[dashboard]'"
+        missing_extra("celery_funnel.dashboard", "Starlette and uvicorn", "starlette uvicorn")
     ) from exc
 
 from .._limiter.errors import ConfigurationError

@@ -175,4 +175,6 @@ def csrf_ok(request: Request) -> bool:
     if origin is None or origin == "null":
         return origin is None
     host = request.headers.get("host", "")
-    return origin.split("://", 1)[-1] == host
+    scheme, _, rest = origin.partition("://")
+    # the scheme may differ behind a TLS proxy; the host and port may not
+    return scheme in ("http", "https") and rest == host

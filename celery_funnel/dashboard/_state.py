@@ -1,6 +1,6 @@
 """What the dashboard shows, read from the funnels' Redis: every funnel of the app with
 its limits, override, level, parked and waiting tasks, the keys of unique and debounced
-tasks, and the per-second series the workers' live threads write (``_live``)."""
+tasks, and the per-second series the workers' live threads write (``_ops.live``)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from .._gate.live import SERIES_KEEP_SECONDS, series_key
 from .._limiter.errors import ConfigurationError
 from .._limiter.keys import FunnelKey, live_key
 from .._ops import control
+from .._ops.configured import configured
 from .._ops.view import Failure, Found, describe, find, lease_funnels, limit_of
 from .._stores.leases import LeaseStore
 from .._stores.park import ParkStore
@@ -41,7 +42,7 @@ def _running(app: Any, found: Found, known: Any) -> dict[str, int]:
     """Lease holders per funnel name, over every key of each concurrency funnel."""
     runtime = runtime_for(app)
     settings = runtime.settings
-    store = LeaseStore(runtime.funnel.client, settings.key_prefix, settings.lease_ttl)  # type: ignore[attr-defined]
+    store = LeaseStore(runtime.funnel.client, settings.key_prefix, settings.lease_ttl)
     running: dict[str, int] = {}
     for key in lease_funnels(found):
         name = control.owner(app, key, known)
@@ -77,7 +78,7 @@ def _level(app: Any, keys: list[FunnelKey]) -> dict[str, Any]:
     backend = runtime.funnel
     best: dict[str, Any] = {"used": 0, "capacity": None, "keys": len(keys)}
     for key in keys[:KEYS_SHOWN]:
-        row = describe(backend, key, limit_of(runtime, key))  # type: ignore[arg-type]
+        row = describe(backend, key, limit_of(runtime, key))
         if "capacity" not in row or "remaining" not in row:
             continue
         used = int(row["capacity"]) - int(row["remaining"])
@@ -113,7 +114,7 @@ def funnel_state(app: Any, hook: ConcurrencyHook = no_concurrency) -> dict[str, 
         BackendError, RedisError: when the funnels' Redis fails.
     """
     runtime = runtime_for(app)
-    client, prefix, now = runtime.funnel.client, runtime.settings.key_prefix, time.time()  # type: ignore[attr-defined]
+    client, prefix, now = runtime.funnel.client, runtime.settings.key_prefix, time.time()
     entries = control.overrides(app)
     found = find(client, prefix)
     parked = ParkStore(client, prefix).counts() if runtime.settings.park else {}
@@ -125,6 +126,10 @@ def funnel_state(app: Any, hook: ConcurrencyHook = no_concurrency) -> dict[str, 
         if owner is not None:
             by_name.setdefault(owner, []).append(key)
     running = _running(app, found, known) if hook is no_concurrency else {}
+    seats: dict[str, int] = {}  # the concurrency N in the code, by funnel name
+    for entry in configured(runtime):
+        if entry.concurrency is not None:
+            seats.setdefault(entry.name, entry.concurrency)
     rows = []
     for name in control.funnel_names(app):
         override = entries.get(name)
@@ -137,6 +142,7 @@ def funnel_state(app: Any, hook: ConcurrencyHook = no_concurrency) -> dict[str, 
             "name": name,
             "code": [{"rate": str(x.rate), "capacity": x.capacity, "strategy": x.strategy,
                       "limit": x.name} for x in limits],
+            "concurrency": seats.get(name),
             "override": None if override is None else override.as_dict(),
             "level": level,
             "parked": _of(name, parked),
@@ -151,7 +157,7 @@ def series(app: Any, since: float | None = None) -> dict[str, Any]:
     ``since`` only, when given: the page asks for what is new). Seconds without any
     decision are absent; the current second is left out (still being counted)."""
     runtime = runtime_for(app)
-    client, prefix = runtime.funnel.client, runtime.settings.key_prefix  # type: ignore[attr-defined]
+    client, prefix = runtime.funnel.client, runtime.settings.key_prefix
     now = int(time.time())
     start = now - HOUR if since is None else max(int(since) + 1, now - HOUR)
     minutes = range(start // 60, now // 60 + 1)

@@ -19,6 +19,7 @@ import redis
 
 from .._limiter.keys import task_key, tickets_key
 from .._limiter.rate import Rate
+from .._limiter.words import plural
 from ..testing import CeleryWorkers, RedisServer, peak
 
 STARTS = "demo:starts"
@@ -75,21 +76,22 @@ def _summary(rows: list[Row], tasks: int, rate: Rate, capacity: int) -> None:
     most = peak(starts)
     span = starts[-1] - starts[0] if len(starts) > 1 else 0.0
     steady = (len(starts) - capacity) / span if span else float("nan")
-    print(f"\n{len(rows)} of {tasks} tasks ran in {span:.1f} s")
+    print(f"\n{len(rows)} of {plural(tasks, 'task')} ran in {span:.1f} s")
     print(f"  limit                 {rate} (capacity {capacity})")
     print(f"  after the first burst {steady:.2f} starts/s")
     print(f"  most in any 1 s       {most} (limit + capacity = {rate.per_second + capacity:g})")
     deferred = [row for row in rows if row[2]]
     print(
-        f"  deferred              {len(deferred)} tasks, {sum(row[2] for row in rows)} times;"
-        f" re-queued {sum(row[3] for row in rows)} times (held in the workers otherwise)"
+        f"  deferred              {plural(len(deferred), 'task')},"
+        f" {plural(sum(row[2] for row in rows), 'time')}; re-queued"
+        f" {plural(sum(row[3] for row in rows), 'time')} (held in the workers otherwise)"
     )
     for worker, count in sorted(Counter(row[1] for row in rows).items()):
-        print(f"  {worker:<22}{count} tasks")
+        print(f"  {worker:<22}{plural(count, 'task')}")
 
 
 def _sent(tasks: int, env: dict[str, str]) -> None:
-    print(f"sent {tasks} tasks at once", flush=True)
+    print(f"sent {plural(tasks, 'task')} at once", flush=True)
     # this interpreter, not a bare `celery`: the demo's venv need not be on PATH
     command = [sys.executable, "-m", "celery", "-A", "celery_funnel.demo.app", "funnel", "status"]
     words = [*(f"{k}={shlex.quote(v)}" for k, v in env.items()), *map(shlex.quote, command)]

@@ -1,4 +1,4 @@
--- _clock.lua: prepended to every script by _scripts.py (Redis scripts cannot import).
+-- _clock.lua: prepended to every script by _limiter/scripts.py (Redis scripts cannot import).
 -- now_us(arg): arg as integer microseconds since the epoch, or, when arg is "", the
 -- Redis server's TIME: the one clock every worker shares.
 local function now_us(arg)

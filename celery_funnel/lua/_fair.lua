@@ -1,5 +1,5 @@
 -- _fair.lua: prepended (after _clock.lua) to every fair-share script (fair_*.lua) by
--- _fair_store.py.
+-- _stores/fair.py.
 -- KEYS (all ten, always in this order; one hash tag: the funnel's):
 --   funnel   string      the GCRA funnel's TAT (µs), shared with gcra.lua/reserve.lua
 --   tickets  sorted set  task id -> booked slot (µs), shared with reserve.lua

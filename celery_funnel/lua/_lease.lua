@@ -1,11 +1,16 @@
--- _lease.lua: prepended to every lease script (lease_*.lua) by _leases.py.
+-- _lease.lua: prepended to every lease script (lease_*.lua) by _stores/leases.py.
 -- A concurrency funnel is three keys under one hash tag, always given in this order:
 --   holders  sorted set  task id -> end of its lease (integer µs since the epoch)
 --   info     hash        task id -> "<token>|<worker>|<started µs>" for a running task,
 --                        "" for a slot handed to a parked waiter not yet arrived
---   waiters  sorted set  task id -> rank * 10^13 + arrival (ms): parked tasks waiting
---                        for a slot, the broker's priority first (rank 0..255), then
---                        arrival (exact in a double: below 2^53)
+--   waiters  sorted set  task id -> rank * 10^13 + arrival (ms): tasks waiting for a
+--                        slot, the broker's priority first (rank 0..255), then arrival
+--                        (exact in a double: below 2^53); one arriving in the same ms
+--                        as an earlier one of its rank is placed after it
+--   info also holds "held:<task id>" -> "<channel>|<until µs>" for a waiter held in
+--   its worker (not parked): told on its worker's pub/sub channel when handed a slot,
+--   and dropped from the queue once its mark ends (its worker died: marks are renewed
+--   at each of its looks)
 -- Units: µs from the server's TIME; ttl in µs; n = the funnel's concurrency.
 
 local function server_now()
@@ -25,24 +30,69 @@ local function expire(holders, info, now)
   end
 end
 
+-- the place in `waiters` of a waiter of priority `rank` arriving at `now` (µs): its
+-- arrival in ms, after every waiter of its rank queued already (a burst within one ms
+-- keeps the order the scripts ran in)
+local function place(waiters, rank, now)
+  local base = tonumber(rank) * 1e13
+  local at = base + math.floor(now / 1000)
+  local top = base + 1e13 - 1
+  local last = redis.call('ZREVRANGEBYSCORE', waiters, top, base, 'WITHSCORES', 'LIMIT', 0, 1)
+  if last[2] and tonumber(last[2]) >= at then
+    at = tonumber(last[2]) + 1
+  end
+  return string.format('%.0f', at)
+end
+
+local skip_held = nil  -- a held waiter not handed a slot by this call (the caller)
+
+-- hand a slot of funnel number `at` to held waiter `id` (its mark in `info`), kept for
+-- it until its mark ends, and tell its worker; a waiter whose mark ended leaves the
+-- queue. True when handed.
+local function hand_held(holders, info, waiters, id, mark, now)
+  local channel, ends = string.match(mark, '^(.*)|(%d+)$')
+  local until_us = tonumber(ends or '0')
+  if until_us <= now then
+    redis.call('ZREM', waiters, id)
+    redis.call('HDEL', info, 'held:' .. id)
+    return false
+  end
+  redis.call('ZADD', holders, until_us, id)
+  redis.call('HSET', info, id, '')
+  redis.call('PUBLISH', channel, id)
+  return true
+end
+
 -- free slots of funnel number `at` go to its first waiters, the most urgent then the
--- oldest: each
--- gets its slot (held for ttl until it arrives) and is returned, to be published at
--- once. Waiters holding a slot already number at most n: 2n entries are read at most.
+-- oldest: each gets its slot (held for ttl until it arrives; a held waiter's, until
+-- its mark ends); a parked one is returned, to be published at once, a held one is
+-- told on its worker's channel. Waiters holding a slot already number at most n:
+-- 2n entries are read at a time, again after dropping dead held waiters (100 at most).
 local function promote(at, holders, info, waiters, n, now, ttl)
   local free = n - redis.call('ZCARD', holders)
-  if free <= 0 then
-    return
-  end
-  for _, id in ipairs(redis.call('ZRANGE', waiters, 0, n + free - 1)) do
-    if free <= 0 then
-      break
+  local dropped = 0
+  while free > 0 do
+    local again = false
+    for _, id in ipairs(redis.call('ZRANGE', waiters, 0, n + free - 1)) do
+      if free <= 0 then
+        break
+      end
+      if id ~= skip_held and not redis.call('ZSCORE', holders, id) then
+        local mark = redis.call('HGET', info, 'held:' .. id)
+        if not mark then
+          redis.call('ZADD', holders, now + ttl, id)
+          redis.call('HSET', info, id, '')
+          promoted[#promoted + 1] = {at, id}
+          free = free - 1
+        elseif hand_held(holders, info, waiters, id, mark, now) then
+          free = free - 1
+        else
+          dropped, again = dropped + 1, true
+        end
+      end
     end
-    if not redis.call('ZSCORE', holders, id) then
-      redis.call('ZADD', holders, now + ttl, id)
-      redis.call('HSET', info, id, '')
-      promoted[#promoted + 1] = {at, id}
-      free = free - 1
+    if not again or dropped >= 100 then
+      break
     end
   end
 end

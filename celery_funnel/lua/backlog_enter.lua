@@ -8,6 +8,7 @@
 -- ARGV[2]  the task id
 -- ARGV[3]  the most tasks that may wait (N)
 -- ARGV[4]  how long an entry counts (us)
+-- ARGV[5]  "1": count it whatever the backlog holds (a task accepted before: a retry)
 -- Reply    {entered (1 = counted, or counted already; 0 = full: not counted), waiting
 --          (tasks counted after this call)}
 
@@ -20,7 +21,7 @@ if redis.call('ZSCORE', KEYS[1], ARGV[2]) then
   return {1, redis.call('ZCARD', KEYS[1])}
 end
 local waiting = redis.call('ZCARD', KEYS[1])
-if waiting >= tonumber(ARGV[3]) then
+if waiting >= tonumber(ARGV[3]) and ARGV[5] ~= '1' then
   return {0, waiting}
 end
 redis.call('ZADD', KEYS[1], string.format('%.0f', until_us), ARGV[2])

@@ -12,14 +12,13 @@
 
 local now = server_now()
 local ttl = tonumber(ARGV[2])
-local place = tonumber(ARGV[3]) * 1e13 + math.floor(now / 1000)
 for i = 1, #KEYS / 3 do
   local holders, info, waiters = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local n = tonumber(ARGV[3 + i])
   expire(holders, info, now)
   local held = redis.call('HGET', info, ARGV[1])
   if held ~= '' then  -- not already handed a slot here
-    redis.call('ZADD', waiters, 'NX', string.format('%.0f', place), ARGV[1])
+    redis.call('ZADD', waiters, 'NX', place(waiters, ARGV[3], now), ARGV[1])
   end
   promote(i, holders, info, waiters, n, now, ttl)
 end

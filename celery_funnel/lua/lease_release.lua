@@ -21,6 +21,7 @@ for i = 1, #KEYS / 3 do
   end
   if token == '' or token == '*' then  -- it will not come: its place goes too
     redis.call('ZREM', waiters, id)
+    redis.call('HDEL', info, 'held:' .. id)
   end
   expire(holders, info, now)
   promote(i, holders, info, waiters, tonumber(ARGV[3 + i]), now, ttl)

@@ -1,5 +1,5 @@
 -- lease_wake.lua: parked tasks handed a concurrency slot: claim them for release now
--- (the caller publishes them at once, then forgets them with park_done.lua).
+-- (the caller publishes them at once; the entry goes when a worker accepts the copy).
 --
 -- KEYS       the eight of _parked.lua
 -- ARGV[1]    lease of the claim, µs (a publisher that dies is replaced by a releaser
@@ -18,9 +18,12 @@ for i = 3, #ARGV do
   if not message then
     missing[#missing + 1] = id
   elseif redis.call('HGET', claims, id) == '' then
-    claim_entry(id, ARGV[2], now, now + tonumber(ARGV[1]))
-    claimed[#claimed + 1] = id
-    claimed[#claimed + 1] = message
+    if claim_entry(id, ARGV[2], now, tonumber(ARGV[1])) then
+      claimed[#claimed + 1] = id
+      claimed[#claimed + 1] = message
+    else
+      missing[#missing + 1] = id  -- a copy of it was accepted: it runs already
+    end
   end
 end
 local reply = {#missing, unpack(missing)}

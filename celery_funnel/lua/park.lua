@@ -4,49 +4,29 @@
 -- ARGV[1]  task id
 -- ARGV[2]  wait before release, integer microseconds (>= 0), from the server's TIME
 -- ARGV[3]  the message (JSON text)
--- ARGV[4]  the release token the parked message carries ("" when it was never released)
+-- ARGV[4]  the token of the copy being parked ("" for the message as first sent)
 -- ARGV[5]  the label of the funnel(s) that deferred it
--- ARGV[6]  the message's origin: the same for every copy of one message, another for
---          a later message given the same task id ("" when unknown)
+-- ARGV[6]  the message's origin (same_message; "" when unknown)
 -- Reply    {1, release time µs} when parked; {0, 0} when this message is a stale copy
---          (its task was released since: that release runs, the caller drops this)
--- A task parked again (the broker delivered its original message twice, or a released
--- copy was deferred again) keeps one entry: one release. A message without a token of
--- an origin new to its id is a task of its own (Celery's `replace` gives the last task
--- of a chain, or the body of a chord, the replaced task's id; another run sends it):
--- the id's record starts afresh, and copies of the earlier messages stay stale.
+--          (another copy was accepted, or the task is parked already: the caller
+--          drops this one)
+-- Parking is a move of the task to the parked entry, in one step: from then on the
+-- entry holds it, and every copy delivered (the original, should its ack be lost) is
+-- dropped; its release publishes the one copy that goes on.
 
-local id, carried, origin = ARGV[1], ARGV[4], ARGV[6]
-local before = redis.call('HGET', accepted, id)
-if carried == '' and origin ~= '' then
-  -- the origins parked under this id, oldest first, each after a NUL
-  local field = origin_field(id)
-  local seen = '\0' .. (redis.call('HGET', accepted, field) or '')
-  local this = '\0' .. origin
-  if seen == '\0' then
-    redis.call('HSET', accepted, field, origin)
-  elseif string.sub(seen, -#this) == this then
-    -- the latest message under this id: the token decides, below
-  elseif string.find(seen .. '\0', this .. '\0', 1, true) then
-    return {0, 0}  -- a copy of an earlier message under this id
-  else
-    redis.call('HSET', accepted, field, string.sub(seen, 2) .. this)
-    if before then
-      redis.call('HDEL', accepted, id)
-      redis.call('ZREM', accepted_at, id)
-      before = false
-    end
-  end
-end
-if before and before ~= carried and before ~= '+' .. carried then
+local id, carried = ARGV[1], ARGV[4]
+if not same_message(id, carried, ARGV[6]) then
   return {0, 0}
 end
-if before then  -- a copy of its latest release, deferred again: the next release runs
-  redis.call('HSET', accepted, id, 'parked')
-  redis.call('ZADD', accepted_at, server_now(), id)
+local kind, owner, pending = read_copies(id)
+-- (a copy delivered again was checked on arrival: one that comes here is new)
+if not may_go_on(kind, owner, pending, carried, false) then
+  return {0, 0}
 end
+local now = server_now()
+write_copies(id, 'parked', now)
 forget(id)
-local release = server_now() + tonumber(ARGV[2])
+local release = now + tonumber(ARGV[2])
 redis.call('ZADD', due, release, id)
 redis.call('HSET', entries, id, ARGV[3])
 redis.call('HSET', claims, id, '')

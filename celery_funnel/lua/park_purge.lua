@@ -14,9 +14,7 @@ for i = 2, #ARGV do
   if at then
     if ARGV[1] == 'purge' then
       forget(id)
-      if redis.call('HEXISTS', accepted, id) == 0 then  -- never released: nothing to tell apart
-        redis.call('HDEL', accepted, origin_field(id))
-      end
+      write_copies(id, 'gone', now)  -- a copy delivered later does not run either
       count = count + 1
     elseif tonumber(at) > now then
       redis.call('ZADD', due, now, id)

@@ -39,12 +39,13 @@ def go_duration(seconds: float) -> str:
 class _Bucket:
     rate: float  # units per second
     capacity: float
-    level: float = -1.0
+    level: float = 0.0  # may dip below 0 (the slack): full at the first call, not then
     at: float = 0.0
+    started: bool = False
 
     def refill(self, now: float) -> float:
-        if self.level < 0:
-            self.level = self.capacity
+        if not self.started:
+            self.level, self.at, self.started = self.capacity, now, True
         self.level = min(self.capacity, self.level + (now - self.at) * self.rate)
         self.at = now
         return self.level

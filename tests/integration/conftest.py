@@ -15,10 +15,12 @@ import redis
 from celery import Celery
 from celery.result import _set_task_join_will_block
 from kombu.asynchronous import set_event_loop
+from kombu.connection import Connection
 from kombu.entity import Queue
 from prometheus_client import CollectorRegistry
 
 from celery_funnel import prometheus, signals
+from celery_funnel._stores.park import ParkStore
 from celery_funnel.testing import CeleryWorkers, RedisServer
 from tests.conftest import SERVERS, ServerPool
 from tests.integration.proj import close_app, make_app
@@ -78,6 +80,25 @@ def registry() -> Iterator[CollectorRegistry]:
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
     """A metric's value in ``registry`` (0 when never set)."""
     return registry.get_sample_value(name, labels) or 0.0
+
+
+def nothing_left(broker_url: str, funnel_url: str, queue: str = "proj") -> None:
+    """Once every worker stopped (a warm shutdown hands back what it held): no message
+    of ``queue`` waits in the broker (queued, or delivered and never acknowledged) and
+    none in the funnels' Redis (parked, debounced): nothing can run any more, so the
+    runs recorded by now are all there will be."""
+    if broker_url.startswith("redis"):
+        with redis.Redis.from_url(broker_url) as broker:
+            # kombu's Redis transport: a list per queue and priority, one unacked hash
+            lists = [k for k in broker.scan_iter(f"{queue}*") if broker.type(k) == b"list"]
+            assert [broker.llen(k) for k in lists] == [0] * len(lists), lists
+            assert broker.hlen("unacked") == 0
+    else:
+        with Connection(broker_url) as connection:
+            declared = Queue(queue, channel=connection.channel()).queue_declare(passive=True)
+            assert declared.message_count == 0
+    with redis.Redis.from_url(funnel_url) as client:
+        assert ParkStore(client, "funnel:").count() == 0
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import time
+import warnings
 from typing import Any
 
 import redis
@@ -145,6 +146,15 @@ def make_app(
         record(self, customer, n)
         return n
 
+    # an LLM API's two named limits (docs/llm.md): requests and tokens, one funnel each
+    @task("proj.llm", bind=True, base=FunnelTask, funnel_limits=[
+        {"name": "requests", "rate": "10/s", "capacity": 5},
+        {"name": "tokens", "rate": "300/s", "capacity": 1500, "cost": 250},
+    ])  # fmt: skip
+    def llm(self: Any, n: int = 0) -> int:
+        record(self, n)
+        return n
+
     # no funnel option in its code: task_annotations may give it one
     @task("proj.annotated", bind=True, base=FunnelTask)
     def annotated(self: Any, n: int = 0) -> int:
@@ -156,10 +166,35 @@ def make_app(
         record(self, n)
         return n
 
+    @funnel_task("proj.cut_broker")
+    def cut_broker(self: Any, n: int = 0) -> int:
+        """Records its run, then cuts every client connection of the broker's Redis
+        (its own worker's included): with acks_late, the ack after the run fails."""
+        record(self, n)
+        with redis.Redis.from_url(broker_url) as broker:
+            broker.client_kill_filter(_type="normal", skipme=True)
+        return n
+
     @task("proj.plain", bind=True)
     def plain(self: Any, n: int = 0) -> int:
         record(self, n)
         return n
+
+    @task("proj.plain_retrying", bind=True)
+    def plain_retrying(self: Any, n: int = 0) -> int:
+        """No funnel of its own (``funnel_limits`` may give it one): its first run
+        retries at once."""
+        record(self, n)
+        if not self.request.retries:
+            raise self.retry(countdown=0)
+        return n
+
+    @task("proj.send_plain_retrying", bind=True)
+    def send_plain_retrying(self: Any, count: int) -> None:
+        """Sends ``count`` plain_retrying from its run: their parent (and so their
+        retries') is this run."""
+        for n in range(count):
+            plain_retrying.delay(n)
 
     @task("proj.collect", bind=True)
     def collect(self: Any, values: Any) -> Any:
@@ -202,6 +237,40 @@ def make_app(
         deadline = time.monotonic() + 60
         while hold and not store.exists(RELEASE) and time.monotonic() < deadline:
             time.sleep(0.02)  # the run, and so its key, lasts until the test lets go
+        return n
+
+    # unique per key; its first run retries after `countdown` seconds (the retry's
+    # message keeps the key), the retry lasts until the test lets go (``RELEASE``)
+    @task("proj.unique_retrying", bind=True, base=FunnelTask, funnel_unique=True,
+          funnel_key="{key}", funnel_unique_ttl=unique_ttl)  # fmt: skip
+    def unique_retrying(self: Any, key: str, n: int = 0, countdown: float = 3.0) -> int:
+        record(self, key, n)
+        if not self.request.retries:
+            raise self.retry(countdown=countdown)
+        deadline = time.monotonic() + 60
+        while not store.exists(RELEASE) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return n
+
+    # unique per key (no rate): a run lasts until the test lets go (``RELEASE``), so
+    # that sends made meanwhile find its key held (canvases: they follow it)
+    @task("proj.unique_held", bind=True, base=FunnelTask, funnel_unique=True, funnel_key="{key}",
+          funnel_unique_ttl=unique_ttl)  # fmt: skip
+    def unique_held(self: Any, key: str, n: int = 0) -> int:
+        record(self, key, n)
+        deadline = time.monotonic() + 60
+        while not store.exists(RELEASE) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return n
+
+    # producer back-pressure (6 wait to start at most) at 10/s; each first run fails and
+    # is retried at once by ``autoretry_for`` (the retry is a send of the running task)
+    @funnel_task("proj.bounded_retrying", funnel_max_waiting=6, autoretry_for=(RuntimeError,),
+                 retry_kwargs={"countdown": 0, "max_retries": 3})  # fmt: skip
+    def bounded_retrying(self: Any, n: int = 0) -> int:
+        record(self, n)
+        if not self.request.retries:
+            raise RuntimeError(f"the first run of {n} fails")
         return n
 
     if os.environ.get("FUNNEL_TEST_DEBOUNCE") == "1":  # they need AOF and parking
@@ -250,7 +319,11 @@ def debounced_tasks(task: Any, record: Any) -> None:
 
 def close_app(app: Celery) -> None:
     """Let go of an app and every connection it holds (results, broker, funnels)."""
-    gc.collect()  # results hold a pub/sub consumer: let them go while servers are up
+    with warnings.catch_warnings():
+        # results hold a pub/sub consumer: let them go while servers are up (a result
+        # Celery let go unclosed, of this test or an earlier one, warns as it goes)
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()
     consumer = getattr(app.backend, "result_consumer", None)
     if consumer is not None:
         consumer.stop()  # closes the pub/sub connection that letting them go opened

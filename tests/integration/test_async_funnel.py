@@ -21,7 +21,7 @@ from celery_funnel import (
 )
 from celery_funnel.testing import RedisServer
 from tests.conftest import ASYNC, ServerPool
-from tests.tables import T0, TABLES, answer_row, rows
+from tests.tables import T0, TABLES, answer_row, play, rows
 
 pytestmark = pytest.mark.anyio
 
@@ -33,7 +33,7 @@ async def test_every_store_answers_every_table_alike(
     """One conformance table over MemoryFunnel, RedisFunnel and AsyncRedisFunnel (each
     Redis and a Cluster): redis-cell's GCRA table among them, replayed exactly."""
     for label, method, kwargs, expected in rows(table):
-        answer = getattr(any_funnel, method)(key, **kwargs)
+        answer = play(any_funnel, key, method, kwargs)
         if inspect.isawaitable(answer):
             answer = await answer
         assert answer_row(answer) == expected, label

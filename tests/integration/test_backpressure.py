@@ -32,12 +32,20 @@ def broker() -> Iterator[RedisServer]:
 
 def burst(app: Celery, count: int) -> tuple[set[str], int]:
     """Send ``count`` tasks as fast as possible: the ids accepted, how many refused."""
-    accepted, refused = set(), 0
+    accepted, refused = sends(app, count)
+    return set(accepted), len(refused)
+
+
+def sends(app: Celery, count: int) -> tuple[list[str], list[tuple[int, str]]]:
+    """Send ``count`` tasks in turn: the ids accepted, and each refusal (the send's
+    number and what it raised), in order."""
+    accepted: list[str] = []
+    refused: list[tuple[int, str]] = []
     for n in range(count):
         try:
-            accepted.add(app.tasks["proj.bounded"].delay(n).id)
-        except TooManyWaitingError:
-            refused += 1
+            accepted.append(app.tasks["proj.bounded"].delay(n).id)
+        except TooManyWaitingError as error:
+            refused.append((n, str(error)))
     return accepted, refused
 
 
@@ -49,15 +57,23 @@ def waiting(url: str) -> int:
 def test_a_burst_past_max_waiting_is_refused_and_accepted_again_once_drained(
     standalone_url: str, broker: RedisServer
 ) -> None:
-    """2/s, funnel_max_waiting=10: of 40 sent at once at most 12 are accepted (10, and
-    those that started meanwhile); each runs once; once they ran, sends pass again."""
+    """2/s, funnel_max_waiting=10, 40 sent while no worker runs (none starts, so none
+    leaves the count): exactly the first 10 are accepted, and every send from the 11th
+    raises TooManyWaitingError; each accepted runs once; once they ran, sends pass
+    again."""
     app = make_app(broker.url, standalone_url, task_ignore_result=True)
     try:
+        ids, refusals = sends(app, 40)
+        assert len(ids) == 10
+        assert [n for n, _ in refusals] == list(range(10, 40))
+        expected = (
+            "task 'proj.bounded': 10 tasks of its funnel 'funnel:{proj.bounded}' wait to"
+            " start (funnel_max_waiting=10)"
+        )
+        assert all(e.startswith(expected) for _, e in refusals), refusals[0]
+        assert waiting(standalone_url) == 10
+        accepted = set(ids)
         with workers(broker.url, standalone_url, 2):
-            accepted, refused = burst(app, 40)
-            print(f"\naccepted {len(accepted)}, refused {refused}")
-            assert 10 <= len(accepted) <= 12
-            assert refused == 40 - len(accepted)
             wait_for(lambda: len(runs(standalone_url)) >= len(accepted), 60)
             wait_for(lambda: waiting(standalone_url) == 0, 20)
             again, refused_again = burst(app, 5)

@@ -51,7 +51,7 @@ def test_status_inspect_and_reset(redis_url: str, redis_client: redis.Redis) -> 
     (ticket,) = json.loads(done.stdout)["tickets"]
     assert ticket["ticket"] == "second"
     assert 3500 < ticket["in_seconds"] <= 3600
-    assert "(in 3" in ticket["slot"]  # local time, then how far from now
+    assert "(in 3" in ticket["slot"]  # UTC, then how far from now
 
     table = celery_funnel(redis_url, "status")
     assert key in table.stdout

@@ -43,6 +43,9 @@ def test_status_and_inspect_list_idle_funnels(redis_url: str, redis_client: redi
     table = celery_funnel(redis_url, "status", FUNNEL_TEST_LIMITS=LIMITS).stdout
     assert "funnel:{proj.limited}" in table
     assert len(table.splitlines()) > 10  # not just a header
+    widest = max(table.splitlines(), key=len)
+    assert len(widest) <= 100, f"a row of {len(widest)} columns: {widest}"  # 161 before
+    assert "  note: idle; one funnel per funnel_key value" in table  # a long note: its own line
 
     done = celery_funnel(redis_url, "inspect", "proj.hourly", "--json")
     assert done.returncode == 0, done.stderr

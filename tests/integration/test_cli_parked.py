@@ -31,7 +31,7 @@ def test_parked_tasks_are_shown_released_and_purged(
     table = celery_funnel(redis_url, "status")
     assert table.returncode == 0, table.stderr
     assert "parked: 3 tasks of proj.hourly" in table.stdout
-    assert "parked: 1 tasks of limit:proj.*" in table.stdout
+    assert "parked: 1 task of limit:proj.*" in table.stdout
     assert "not funnels" not in table.stdout, "parked keys are not foreign keys"
     rows = json.loads(celery_funnel(redis_url, "status", "--json").stdout)
     (row,) = [r for r in rows if not r.get("idle")]  # the funnel found in Redis
@@ -39,13 +39,13 @@ def test_parked_tasks_are_shown_released_and_purged(
 
     listing = json.loads(celery_funnel(redis_url, "parked", "proj.hourly", "--json").stdout)
     assert [t["task_id"] for t in listing["tasks"]] == ["h0", "h1", "h2"]
-    assert "(in 35" in listing["tasks"][0]["release"], "local time, then how far from now"
+    assert "(in 35" in listing["tasks"][0]["release"], "UTC, then how far from now"
 
     refused = celery_funnel(redis_url, "purge", "limit:proj.*")  # no terminal: no
     assert refused.returncode != 0
     assert store.counts() == {"proj.hourly": 3, "limit:proj.*": 1}
     done = celery_funnel(redis_url, "purge", "limit:proj.*", "--yes")
-    assert "purged 1 parked tasks" in done.stdout, done.stderr
+    assert "purged 1 parked task\n" in done.stdout, done.stderr
     done = celery_funnel(redis_url, "release", "proj.hourly", "--yes")
     assert "released 3 parked tasks" in done.stdout, done.stderr
     _, _, due = store.claim(0.0, 30.0, 10, 3600.0)

@@ -49,12 +49,15 @@ def served() -> Iterator[tuple[Dashboard, Celery]]:
         server.stop()
 
 
-def control_as(dashboard: Dashboard, host: str, action: str) -> tuple[int, str]:
-    """A control sent as the page at ``host`` sends it: its Origin, and the CSRF cookie
-    the page was handed, echoed in the header (all a rebound page can carry too)."""
+def control_as(
+    dashboard: Dashboard, host: str, action: str, origin: str | None = None
+) -> tuple[int, str]:
+    """A control sent as the page at ``host`` sends it: its Origin (or ``origin``), and
+    the CSRF cookie the page was handed, echoed in the header (all a rebound page can
+    carry too)."""
     csrf = "c" * 32
     headers = {
-        "Host": host, "Origin": f"http://{host}", "Content-Type": "application/json",
+        "Host": host, "Origin": origin or f"http://{host}", "Content-Type": "application/json",
         "X-CSRF-Token": csrf, "Cookie": f"{CSRF_COOKIE}={csrf}",
     }  # fmt: skip
     return dashboard.request(f"/api/{action}/{TASK}", "POST", b"{}", headers)
@@ -94,6 +97,28 @@ def test_loopback_hosts_are_answered(served: tuple[Dashboard, Celery], name: str
     assert TASK not in control.overrides(app)
     # and without the port, as a browser sends it for port 80
     assert dashboard.request("/", "GET", None, {"Host": name})[0] == 200
+
+
+def test_a_control_from_an_origin_that_only_looks_like_the_dashboards_is_refused(
+    served: tuple[Dashboard, Celery],
+) -> None:
+    """The dashboard's own Host, its CSRF token, and an Origin that contains or resembles
+    its own (another site's page sends its own Origin): refused, nothing paused; the
+    exact origin pauses."""
+    dashboard, app = served
+    own = f"127.0.0.1:{dashboard.port}"
+    for origin in (
+        f"http://{own}.evil.example", f"http://{own}@evil.example",
+        f"http://evil.example/?http://{own}", f"http://127.0.0.1:{dashboard.port + 1}",
+        f"http://127.0.0.1:{dashboard.port}0", f"http://{FOREIGN}:{dashboard.port}",
+    ):  # fmt: skip
+        status, body = control_as(dashboard, own, "pause", origin)
+        assert (status, body) == (403, '{"error":"missing or wrong CSRF token"}'), origin
+        assert TASK not in control.overrides(app), origin
+    assert control_as(dashboard, own, "pause", f"http://{own}")[0] == 200
+    assert control.overrides(app)[TASK].paused
+    assert control_as(dashboard, own, "unset")[0] == 200
+    assert TASK not in control.overrides(app)
 
 
 def test_a_rebound_page_in_a_browser_sees_only_the_refusal(

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections import defaultdict
 
@@ -18,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from celery_funnel._stores.park import ParkStore
 from celery_funnel.dashboard._state import funnel_state
 from celery_funnel.testing import RedisServer
-from tests.integration.conftest import Recorder, sample
+from tests.integration.conftest import ROOT, Recorder, nothing_left, sample
 from tests.integration.proj import close_app, make_app, runs
 from tests.integration.test_one_gate import once_each, workers
 from tests.polling import wait_for
@@ -37,12 +39,14 @@ def parked(url: str) -> int:
         return ParkStore(client, "funnel:").count()
 
 
-def bursts(app: Celery, name: str, keys: list[str], sends: int, spacing: float) -> tuple[
-    dict[str, set[str]], dict[str, tuple[int, float]]
-]:  # fmt: skip
+def bursts(
+    app: Celery, name: str, keys: list[str], sends: int, spacing: float,
+    got: dict[str, int] | None = None,
+) -> tuple[dict[str, set[str]], dict[str, tuple[int, float]]]:  # fmt: skip
     """``sends`` sends per key, one round of all keys every ``spacing`` seconds: the ids
     each key's sends got, and each key's last send (n, when it began: Redis opens the
-    window when the send reaches it, after that and before the send returns)."""
+    window when the send reaches it, after that and before the send returns). ``got``
+    is given each id's last send (its n)."""
     ids: dict[str, set[str]] = defaultdict(set)
     last: dict[str, tuple[int, float]] = {}
     task = app.tasks[name]
@@ -50,8 +54,11 @@ def bursts(app: Celery, name: str, keys: list[str], sends: int, spacing: float) 
         round_started = time.monotonic()
         for key in keys:
             began = time.time()
-            ids[key].add(task.delay(key, n).id)
+            task_id = task.delay(key, n).id
+            ids[key].add(task_id)
             last[key] = (n, began)
+            if got is not None:
+                got[task_id] = n
         # paces the sends (this is the load, not a wait for state)
         time.sleep(max(spacing - (time.monotonic() - round_started), 0))
     return ids, last
@@ -66,7 +73,7 @@ def check_runs(url: str, name: str, ids: dict[str, set[str]], last: dict[str, tu
         n, sent_at = last[key]
         after = record["at"] - sent_at
         print(f"{key}: ran with n={record['args'][1]} {after:.2f} s after its last send")
-        assert record["args"][1] == n, "the last send's arguments"
+        assert record["args"] == [key, n], "the last send's arguments"
         assert low <= after <= high
 
 
@@ -109,6 +116,7 @@ def test_a_thousand_keys_run_once_each(standalone_url: str, broker: RedisServer)
             )
     finally:
         close_app(app)
+    nothing_left(broker.url, standalone_url)  # no run can come after this
     recorded = once_each(standalone_url, "proj.debounced", every)
     last = {r["id"]: r["args"][1] for r in recorded}
     assert all(last[ids[key][1]] == 1 for key in keys), "each ran with its last send"
@@ -119,17 +127,22 @@ def test_with_a_rate_and_a_concurrency_limit(standalone_url: str, broker: RedisS
     0.2 s for 3 s runs at the 2 s bound and again after its last send, each run with
     the arguments of the last send before it; no send is lost."""
     app = make_app(broker.url, standalone_url)
+    got: dict[str, int] = {}  # each window's id: the n of its last send
     try:
         with workers(broker.url, standalone_url, 2) as started:
             started.wait_ready()
-            ids, last = bursts(app, "proj.debounced_limited", ["a"], 15, 0.2)
+            ids, _ = bursts(app, "proj.debounced_limited", ["a"], 15, 0.2, got)
             assert len(ids["a"]) >= 2  # the bound closed the first window mid-burst
             wait_for(lambda: len(runs(standalone_url)) >= len(ids["a"]), 30)
             wait_for(lambda: parked(standalone_url) == 0, 30)
     finally:
         close_app(app)
+    nothing_left(broker.url, standalone_url)  # no run can come after this
     recorded = once_each(standalone_url, "proj.debounced_limited", ids["a"])
-    assert max(r["args"][1] for r in recorded) == last["a"][0]  # the very last send ran
+    # each run with exactly the arguments of its window's last send
+    assert sorted((r["id"], r["args"]) for r in recorded) == sorted(
+        (task_id, ["a", n]) for task_id, n in got.items()
+    )
 
 
 def test_a_worker_refuses_to_start_where_debounced_sends_could_be_lost(
@@ -168,6 +181,7 @@ def test_no_send_is_lost_when_the_only_worker_is_sigkilled(
             wait_for(lambda: len(runs(standalone_url)) >= 50 and parked(standalone_url) == 0, 60)
     finally:
         close_app(app)
+    nothing_left(broker.url, standalone_url)  # no run can come after this
     check_runs(standalone_url, "proj.debounced", ids, last, 1.0, 120.0)
 
 
@@ -190,6 +204,7 @@ def test_a_send_after_the_release_opens_a_new_window(
             wait_for(lambda: len(runs(standalone_url)) >= 4 and parked(standalone_url) == 0, 60)
     finally:
         close_app(app)
+    nothing_left(broker.url, standalone_url)  # no run can come after this
     recorded = once_each(standalone_url, "proj.debounced_slow", {*first.values(), *second.values()})
     assert sorted((r["args"][0], r["args"][1]) for r in recorded) == [
         ("a", 0), ("a", 1), ("b", 0), ("b", 1),
@@ -213,3 +228,58 @@ def test_the_dashboard_counts_keys_held_and_waiting(
     assert rows[("proj.debounced", "debounce")] == 3
     assert rows[("proj.unique", "unique")] == 2
     assert rows[("proj.unique_limited", "unique")] == 0
+
+
+def send_from_another_process(broker_url: str, funnel_url: str, key: str, n: int) -> str:
+    """A debounced send of ``key`` from a producer process of its own (which never sent
+    before: it remembers no window); the id it got."""
+    code = (
+        "import sys\n"
+        "from tests.integration.proj import close_app, make_app\n"
+        "app = make_app(sys.argv[1], sys.argv[2])\n"
+        "try:\n"
+        "    print(app.tasks['proj.debounced'].delay(sys.argv[3], int(sys.argv[4])).id)\n"
+        "finally:\n"
+        "    close_app(app)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, broker_url, funnel_url, key, str(n)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_sends_from_several_producers_join_one_window(
+    standalone_url: str, broker: RedisServer
+) -> None:
+    """No worker runs while the sends are made, so each window stays open until one
+    starts. A send from another producer process (which remembers no window of the
+    key) joins the window this process opened: one id, one run, with the other's (last)
+    arguments. Once that ran, another process opens a new window; a send from this
+    process, which remembers the closed window's id, joins the new one."""
+    app = make_app(broker.url, standalone_url)
+    task = app.tasks["proj.debounced"]
+    try:
+        first = task.delay("k", 0).id
+        assert send_from_another_process(broker.url, standalone_url, "k", 1) == first
+        assert parked(standalone_url) == 1
+        with workers(broker.url, standalone_url, 1) as started:
+            started.wait_ready()
+            wait_for(lambda: len(runs(standalone_url)) >= 1 and parked(standalone_url) == 0, 60)
+        second = send_from_another_process(broker.url, standalone_url, "k", 2)
+        assert second != first  # the first window's run was released: a new window
+        assert task.delay("k", 3).id == second  # this process guessed the closed one
+        assert send_from_another_process(broker.url, standalone_url, "k", 4) == second
+        assert task.delay("k", 5).id == second
+        assert parked(standalone_url) == 1
+        with workers(broker.url, standalone_url, 1) as started:
+            started.wait_ready()
+            wait_for(lambda: len(runs(standalone_url)) >= 2 and parked(standalone_url) == 0, 60)
+    finally:
+        close_app(app)
+    nothing_left(broker.url, standalone_url)  # no worker: nothing can run any more
+    recorded = once_each(standalone_url, "proj.debounced", {first, second})
+    assert sorted((r["id"] == second, r["args"]) for r in recorded) == [
+        (False, ["k", 1]), (True, ["k", 5])
+    ]  # fmt: skip

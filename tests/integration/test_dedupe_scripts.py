@@ -79,13 +79,17 @@ def test_a_debounce_window_is_joined_bounded_and_closed(client: Any, prefix: str
         return store.send(window, task_id, _message(task_id, n), new=new, wait=30.0,
                           most=most, lead=0.0, keep=60.0)  # fmt: skip
 
+    began = time.monotonic()
     opened = send("w1", 0, new=True, most=40.0)
     assert (opened.stored, opened.task_id, opened.opened) == (True, "w1", True)
     refused = send("w2", 1, new=True)  # a window is open: send again with its id
     assert (refused.stored, refused.task_id) == (False, "w1")
     joined = send("w1", 1, new=False, most=40.0)
+    between = time.monotonic() - began  # at least the time from the first send to this
     assert (joined.stored, joined.opened) == (True, False)
-    assert joined.release >= opened.release  # pushed later by the later send
+    # pushed later by the later send: its own wait (30 s) from when it came, so later by
+    # the time between the two sends, no more (Redis's clock and ours run alike)
+    assert opened.release < joined.release <= opened.release + between + 0.05
     assert parked.count() == 1
     assert parked.counts() == {"debounce:job": 1}
     bounded = send("w1", 2, new=False, most=0.001)  # at most 1 ms after the first send

@@ -4,14 +4,16 @@ out; waiters claimed for release from the parked index."""
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
 import redis
 
-from celery_funnel._limiter.keys import task_key
-from celery_funnel._stores.leases import LeaseStore, SlotFunnel
+from celery_funnel._limiter.keys import lease_keys, task_key
+from celery_funnel._stores.leases import HeldWaiter, LeaseStore, SlotFunnel
 from celery_funnel._stores.park import ParkStore
+from celery_funnel._stores.store import text
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.redis
@@ -103,8 +105,10 @@ def test_waiters_are_claimed_from_the_parked_index(redis_client: redis.Redis, pr
     assert missing == ["gone"]
     assert [(r.task_id, r.message["body"]) for r in releases] == [("w1", b"x")]
     assert store.wake(["w1"], 30.0) == ([], [])  # being released: left to its releaser
-    assert parked.done(releases[0])
+    assert parked.count() == 1, "kept until a worker accepts the copy"
+    assert parked.accept("w1", releases[0].token)
     assert parked.count() == 0
+    assert store.wake(["w1"], 30.0) == (["w1"], []), "released and run: its slot goes on"
 
 
 def test_a_more_urgent_waiter_is_handed_a_slot_first(
@@ -122,3 +126,59 @@ def test_a_more_urgent_waiter_is_handed_a_slot_first(
     urgent, _ = store.acquire(one, "urgent", "w1")
     assert urgent is not None
     assert store.release(one, "urgent", urgent.token) == (1, [(one[0], "late")])
+
+
+def test_held_waiters_are_handed_seats_in_refusal_order_and_told(
+    redis_client: redis.Redis, prefix: str
+) -> None:
+    """Runs held in their worker (nothing parked): refused, each is queued as it was
+    refused (a burst within one ms included), a freed seat goes to the first and is
+    published on its worker's channel (not returned: nothing to publish from the
+    broker), and it takes its seat; a second look keeps its place."""
+    store = LeaseStore(redis_client, prefix, 30.0)
+    one = [slot_funnel(prefix, 1)]
+    channel = f"{prefix}{{~handed}}#w1"
+    held = HeldWaiter(channel, 5.0)
+    first, _ = store.acquire(one, "first", "w1", held=held)
+    assert first is not None
+    names = [f"t{n:02d}" for n in range(20)][::-1]  # refused in an order no sort gives
+    for name in names:
+        assert store.acquire(one, name, "w1", held=held) == (None, [])
+    assert store.acquire(one, names[3], "w1", held=held) == (None, [])  # looks again
+    queued = redis_client.zrange(lease_keys(one[0].key)[2], 0, -1)
+    assert [text(i) for i in queued] == names
+    pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(channel)
+    wait_for(lambda: pubsub.get_message(timeout=0.1) is None, 5)  # subscribed
+    assert store.release(one, "first", first.token) == (1, [])  # told, not returned
+    message = pubsub.get_message(timeout=2.0)
+    assert message is not None
+    assert message["data"] == names[0].encode()
+    assert store.acquire(one, names[1], "w1", held=held)[0] is None  # the seat is t19's
+    lease, _ = store.acquire(one, names[0], "w1", held=held)
+    assert lease is not None
+    info = redis_client.hgetall(lease_keys(one[0].key)[1])
+    assert f"held:{names[0]}".encode() not in info  # its mark went with its place
+    pubsub.close()
+
+
+def test_a_held_waiter_whose_worker_stopped_looking_leaves_the_queue(
+    redis_client: redis.Redis, prefix: str
+) -> None:
+    """A held waiter's mark lasts what its worker said past its last look: once it
+    ended (the worker died), a freed seat skips it for the next waiter, and it is gone
+    from the queue; one given up (``release`` with "") goes with its mark."""
+    store = LeaseStore(redis_client, prefix, 30.0)
+    one = [slot_funnel(prefix, 1)]
+    lease, _ = store.acquire(one, "run", "w1")
+    assert lease is not None
+    assert store.acquire(one, "dead", "w1", held=HeldWaiter("c1", 0.05))[0] is None
+    assert store.acquire(one, "live", "w2", held=HeldWaiter("c2", 5.0))[0] is None
+    assert store.acquire(one, "gone", "w2", held=HeldWaiter("c2", 5.0))[0] is None
+    time.sleep(0.1)  # the dead waiter's worker stops looking (a fault, not a wait)
+    store.release(one, "gone", "")
+    assert store.release(one, "run", lease.token) == (1, [])
+    assert [h.task_id for h in store.holders(one[0].key)] == ["live"]
+    assert store.waiting(one[0].key) == 1  # live only: dead dropped, gone given up
+    fields = {text(f) for f in redis_client.hkeys(lease_keys(one[0].key)[1])}
+    assert fields == {"live", "held:live"}

@@ -265,14 +265,14 @@ def test_status_and_release_lease(cluster: Cluster) -> None:
 
     table = celery_funnel(cluster.url, "status").stdout
     print(f"\n{table}")
-    assert f"slot: task {holder.id} on w" in table
+    assert f"seat: task {holder.id} on w" in table
 
     refused = celery_funnel(cluster.url, "release-lease", "leases.ends", holder.id)
     assert refused.returncode != 0  # no --yes, no terminal: no
     assert waiter.state == "PENDING"
     freed = celery_funnel(cluster.url, "release-lease", "leases.ends", holder.id, "--yes")
     assert freed.returncode == 0, freed.stderr
-    assert "1 parked task(s) released" in freed.stdout
+    assert "freed 1 seat; 1 parked task released" in freed.stdout
     assert waiter.get(timeout=20) == "success"  # while the holder still sleeps
     cluster.app.control.revoke(holder.id, terminate=True)
     wait_for(lambda: cluster.holders("leases.ends") == [], 10)

@@ -21,7 +21,7 @@ import redis
 from prometheus_client import CollectorRegistry
 
 from celery_funnel import Rate, control, prometheus
-from celery_funnel._gate.judge import Charge
+from celery_funnel._gate.charges import Charge
 from celery_funnel._gate.live import Live, series_key
 from celery_funnel._limiter.limit import Limit
 from celery_funnel._ops.live import LiveThread

@@ -1,4 +1,4 @@
-"""The adaptive rate on real workers: examples/llm_adaptive.py's 240 calls to a fake
+"""The adaptive rate on real workers: examples/llm_adaptive.py's 300 calls to a fake
 LLM API that publishes no limits (no rate-limit header, no Retry-After) and silently
 halves its request limit (20/s to 10/s) three seconds in, on two prefork workers of 4
 processes, the task's ``requests`` limit adaptive: the halving draws 429s, then they
@@ -16,7 +16,7 @@ from tests.integration.test_llm_budget import run_llm_example
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.exclusive]
 
-CALLS = 240
+CALLS = 300
 
 
 def test_adaptive_rate_stops_the_429s_after_a_silent_halving(tmp_path: Path) -> None:

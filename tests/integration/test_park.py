@@ -41,7 +41,7 @@ def message(n: int = 0, funnel: str = "f") -> dict[str, Any]:
     }  # fmt: skip
 
 
-def test_an_entry_is_claimed_once_when_due_and_forgotten_when_published(
+def test_an_entry_is_claimed_once_when_due_and_forgotten_when_a_copy_is_accepted(
     store: ParkStore,
 ) -> None:
     assert store.park("a", 0.3, message(), "")
@@ -53,28 +53,45 @@ def test_an_entry_is_claimed_once_when_due_and_forgotten_when_published(
     assert release.task_id == "a"
     assert release.message["body"] == b"{}"
     assert store.claim(0.0, 30.0, 10, 3600.0)[2] == [], "claimed: not handed out twice"
-    assert store.done(release)
+    assert store.count() == 1, "kept until a worker accepts its copy"
+    assert store.accept("a", release.token)
     assert store.count() == 0
 
 
-def test_a_lapsed_lease_is_claimed_again_and_only_one_copy_runs(store: ParkStore) -> None:
+def test_a_release_no_worker_accepted_is_published_again_and_the_first_copy_wins(
+    store: ParkStore,
+) -> None:
+    """A released copy may be lost on its way (the worker that took it from the queue
+    killed before the broker recorded it): once the lease runs out the entry is claimed
+    again. Should both copies arrive, the first accepted runs, the other is dropped."""
     store.park("a", 0.0, message(), "")
-    _, _, (first,) = store.claim(0.0, 0.05, 10, 3600.0)  # this releaser dies after publishing
+    _, _, (first,) = store.claim(0.0, 0.05, 10, 3600.0)
     time.sleep(0.06)
     _, _, (second,) = store.claim(0.0, 30.0, 10, 3600.0)
     assert second.task_id == "a"
     assert first.token != second.token
-    assert not store.accept("a", first.token), "a copy of the older release is dropped"
-    assert store.accept("a", second.token), "a copy of the latest release runs"
-    assert store.accept("a", second.token), "the same copy delivered again by the broker runs"
+    assert store.accept("a", first.token), "the first copy to arrive runs, however old"
+    assert store.accept("a", first.token), "the same copy delivered again by the broker runs"
+    assert not store.accept("a", second.token), "the other copy is dropped"
     assert store.count() == 0, "accepting completed the release"
+
+
+def test_each_claim_again_lasts_twice_as_long(store: ParkStore) -> None:
+    store.park("a", 0.0, message(), "")
+    store.claim(0.0, 0.1, 10, 3600.0)
+    time.sleep(0.11)
+    assert len(store.claim(0.0, 0.1, 10, 3600.0)[2]) == 1, "the first lease ran out"
+    time.sleep(0.11)
+    assert store.claim(0.0, 0.1, 10, 3600.0)[2] == [], "the second lasts 0.2 s"
+    time.sleep(0.1)
+    assert len(store.claim(0.0, 0.1, 10, 3600.0)[2]) == 1
 
 
 def test_a_release_accepted_before_its_lease_lapsed_is_not_published_again(
     store: ParkStore,
 ) -> None:
     store.park("a", 0.0, message(), "")
-    _, _, (first,) = store.claim(0.0, 0.05, 10, 3600.0)  # published; its releaser dies
+    _, _, (first,) = store.claim(0.0, 0.05, 10, 3600.0)
     assert store.accept("a", first.token)
     time.sleep(0.06)
     assert store.claim(0.0, 30.0, 10, 3600.0)[2] == []
@@ -96,21 +113,24 @@ def test_a_task_released_accepted_and_parked_again_runs_from_its_next_release(
 def test_a_stale_copy_of_an_accepted_task_is_not_parked_again(store: ParkStore) -> None:
     store.park("a", 0.0, message(), "")
     _, _, (release,) = store.claim(0.0, 30.0, 10, 3600.0)
-    store.done(release)
     assert store.accept("a", release.token)
     assert not store.park("a", 5.0, message(), ""), "the broker's original, delivered again"
     assert store.park("a", 5.0, message(), release.token), "the released copy, deferred again"
     assert store.count() == 1
 
 
-def test_an_original_delivered_twice_is_parked_once(store: ParkStore) -> None:
+def test_a_copy_of_a_parked_task_is_dropped_and_its_entry_stays(store: ParkStore) -> None:
+    """The gate parked the original, and its ack was lost: the broker delivers it
+    again. The entry holds the task; the copy delivered is dropped, before and after
+    the release."""
     assert store.park("a", 0.0, message(), "")
-    assert store.park("a", 0.0, message(1), ""), "before its release: the same entry"
+    assert not store.accept("a", ""), "delivered again while parked"
+    assert not store.park("a", 0.0, message(1), ""), "nor parked twice"
     assert store.count() == 1
     _, _, (release,) = store.claim(0.0, 30.0, 10, 3600.0)
-    assert release.message["headers"]["id"] == "id1"
+    assert release.message["headers"]["id"] == "id0"
     assert not store.park("a", 0.0, message(), ""), "after its release: a stale copy"
-    assert store.done(release)
+    assert store.accept("a", release.token)
     assert store.count() == 0
 
 
@@ -137,18 +157,61 @@ def test_a_later_message_given_a_released_tasks_id_is_a_task_of_its_own(
 
 
 def test_a_tasks_records_go_with_it(store: ParkStore, redis_client: redis.Redis) -> None:
-    """What tells messages apart lives as long as the task's acceptance record: purged
-    with a task never released, expired with the record of one released."""
+    """What tells messages apart lives as long as the task's record of copies: a purged
+    task's record says so (a copy delivered later does not run) until it expires, as
+    the record of one released does."""
     accepted = store.keys[4]
     store.park("a", 0.0, message(), "", "t\n\n0")
     _, _, (release,) = store.claim(0.0, 30.0, 10, 3600.0)
     store.accept("a", release.token)
     store.park("b", 60.0, message(1), "", "t\n\n0")
-    assert redis_client.hlen(accepted) == 3  # a's record, a's and b's origins
+    assert redis_client.hlen(accepted) == 4  # a's and b's records, a's and b's origins
     assert store.purge() == 1
-    assert redis_client.hlen(accepted) == 2
+    assert redis_client.hget(accepted, "b") == b"gone"
+    assert not store.copies.accept("b", ""), "purged: a copy delivered later is dropped"
     store.claim(0.0, 30.0, 10, 0.0)  # records older than 0 s are forgotten
     assert redis_client.hlen(accepted) == 0
+
+
+def test_a_copy_published_again_runs_once_whichever_comes_first(store: ParkStore) -> None:
+    """The gate publishes a new copy of a message it holds (a wait too long to hold),
+    recorded first, then acks the one held. Should the ack be lost (its worker killed),
+    both come: the first accepted runs, the other is dropped."""
+    copies = store.copies
+    assert copies.move("a", "", "n1")
+    assert copies.accept("a", "n1"), "the new copy, as usual"
+    assert not copies.accept("a", ""), "the original, delivered again after all: dropped"
+    assert copies.move("b", "", "n1")
+    assert copies.accept("b", ""), "the original, delivered again first: it goes on"
+    assert not copies.accept("b", "n1"), "and the new copy is dropped"
+    assert copies.move("c", "", "n1")
+    assert copies.move("c", "", "n2"), "its publish failed: moved again"
+    assert copies.accept("c", "n1"), "the first publish got through after all"
+    assert not copies.accept("c", "n2")
+    assert not copies.move("c", "", "n3"), "the original is stale: nothing more is published"
+    assert copies.accept("d", "t"), "a copy whose record expired (or a Redis restarted)"
+    assert not copies.accept("d", ""), "another copy of it, later: dropped"
+    assert not copies.accept("e", "t", drop=True), "revoked: settled, nothing runs"
+    assert not copies.accept("e", "t")
+
+
+def test_a_run_whose_ack_failed_is_not_run_again_but_its_retry_is(store: ParkStore) -> None:
+    """The broker died as the run of task "a" was acked: the broker delivers the message
+    again, which is dropped; a retry of that run, sent from its body, carries its token
+    and goes on (parked, moved, accepted)."""
+    copies = store.copies
+    assert copies.ran([("a", "")]) == 1
+    assert not copies.accept("a", "", redelivered=True), "the message delivered again"
+    assert store.park("a", 0.0, message(), ""), "a retry sent from its body, deferred"
+    assert copies.accept("b", "t")
+    assert copies.ran([("b", "t")]) == 1
+    assert not copies.accept("b", "t", redelivered=True)
+    assert copies.move("b", "t", "n"), "a retry carrying the run's token, published again"
+    assert copies.accept("b", "n")
+    assert copies.ran([("b", "t")]) == 0, "another copy is the accepted one by now"
+    assert copies.accept("c", "t")
+    assert copies.ran([("c", "t"), ("d", "")]) == 2
+    assert copies.accept("c", "t"), "a retry of it, sent from its body, delivered once"
 
 
 def test_claims_are_bounded_and_in_release_order(store: ParkStore) -> None:
@@ -175,7 +238,7 @@ def test_counts_per_funnel_purge_and_release_now(store: ParkStore) -> None:
     _, _, released = store.claim(0.0, 30.0, 10, 3600.0)
     assert sorted(r.task_id for r in released) == [f"a{n}" for n in range(5)]
     for release in released:
-        store.done(release)
+        store.accept(release.task_id, release.token)
     assert store.counts() == {}
     assert store.count() == 0
 
@@ -244,36 +307,47 @@ def test_a_revoked_parked_task_never_runs(
 
 
 @pytest.mark.parametrize(
-    ("park", "aof", "said"),
+    ("park", "aof", "shared", "parks", "said"),
     [
-        ("auto", False, "parking is off: the funnels' Redis has no append-only file"),
-        ("auto", True, ""),
-        (False, False, ""),
+        ("auto", False, False, False, "parking is off: the funnels' Redis has no append-only"),
+        ("auto", True, False, True, "parking is on: the funnels' Redis has an append-only"),
+        ("auto", False, True, True, "parking is on: the funnels' Redis is the broker's own"),
+        (False, False, True, False, ""),
     ],
-    ids=["auto, no AOF", "auto, AOF", "off"],
+    ids=["auto, no AOF", "auto, AOF", "auto, the broker's Redis", "off"],
 )
-def test_a_worker_says_at_start_why_it_parks_nothing(
-    caplog: pytest.LogCaptureFixture, park: bool | str, aof: bool, said: str
+def test_a_worker_says_at_start_which_rule_lets_it_park(
+    caplog: pytest.LogCaptureFixture,
+    park: bool | str,
+    aof: bool,
+    shared: bool,
+    parks: bool,
+    said: str,
 ) -> None:
-    """A Redis without an append-only file forgets parked tasks on a restart: with
-    ``funnel_park="auto"`` (the default) the worker parks nothing there, and says so
-    once, at start; with AOF it parks (and says nothing)."""
+    """A task waits nowhere less safe than the broker's queue: with ``funnel_park="auto"``
+    (the default) the worker parks where the funnels' Redis has an append-only file, or
+    is the broker's own server (db 1 the broker, db 2 the funnels: one ``run_id``), and
+    parks nothing on another Redis without AOF; it says which, once, at start."""
     caplog.set_level(logging.INFO, logger="celery_funnel")
-    with RedisServer(aof=aof) as server:
-        app = make_app(server.url, server.url, funnel_park=park)
+    with RedisServer(aof=aof) as server, RedisServer() as other:
+        broker = server.url.rsplit("/", 1)[0] + "/1" if shared else other.url
+        app = make_app(broker, server.url.rsplit("/", 1)[0] + "/2", funnel_park=park)
         try:
             with start_worker(app, pool="threads", concurrency=1, perform_ping_check=False):
-                assert runtime_for(app).persistence.keeps() is (aof and park == "auto")
+                assert runtime_for(app).persistence.keeps() is parks
         finally:
             close_app(app)
-    lines = [r.getMessage() for r in caplog.records if "parking is off" in r.getMessage()]
+    lines = [
+        r.getMessage() for r in caplog.records if "celery-funnel: parking is" in r.getMessage()
+    ]
     assert len(lines) == (1 if said else 0), lines
     assert all(said in line for line in lines)
 
 
 def test_funnel_park_true_on_a_redis_without_aof_stops_the_worker() -> None:
-    with RedisServer() as server:
-        app = make_app(server.url, server.url, funnel_park=True)
+    """... unless it is the broker's own server (the test above)."""
+    with RedisServer() as server, RedisServer() as broker:
+        app = make_app(broker.url, server.url, funnel_park=True)
         try:
             refused = pytest.raises(ConfigurationError, match="has no append-only file")
             with refused, start_worker(app, pool="solo", perform_ping_check=False):

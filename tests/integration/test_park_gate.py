@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from functools import partial
+from typing import Any
 
 import pytest
 import redis
@@ -20,6 +21,7 @@ from kombu.entity import Queue
 
 from celery_funnel._stores.park import ParkStore
 from celery_funnel.testing import CeleryWorkers, RedisServer, peak
+from tests.integration.conftest import nothing_left
 from tests.integration.proj import close_app, make_app, runs
 from tests.integration.test_one_gate import (
     LONG_WAITS,
@@ -157,3 +159,46 @@ def test_parked_tasks_are_released_to_their_rabbitmq_queue(
     assert sum(r["requeues"] for r in recorded) / len(deferred) <= 1.05
     starts = [r["at"] for r in recorded]
     assert 3 * 0.95 <= rate(starts) <= 3 * 1.05
+
+
+def test_a_retry_of_a_released_task_under_funnel_limits_is_parked_again_and_runs(
+    standalone_url: str, broker: RedisServer
+) -> None:
+    """A plain task (no FunnelTask) limited only by ``funnel_limits``, 1 per 3 s, waits
+    past 0.5 s parked: of two sent at once from a run, the second is parked and
+    released; each run retries at once, and the retries wait parked in turn. A retry is
+    sent as its task was (same id, same parent): the second's retry keeps the token of
+    the release its run came from, so it is not taken for a stale copy of that run
+    (dropped, never run): 4 runs, each once."""
+    env = {
+        "FUNNEL_TEST_LIMITS": '{"proj.plain_retrying": "1/3s"}',
+        "FUNNEL_TEST_CONF": '{"funnel_park_after": 0.5}',
+    }
+    app = make_app(broker.url, standalone_url, task_ignore_result=True)
+    try:
+        with workers(broker.url, standalone_url, 1, **env) as started:
+            started.wait_ready()
+            app.tasks["proj.send_plain_retrying"].delay(2)
+            with redis.Redis.from_url(standalone_url) as client:
+                store = ParkStore(client, "funnel:")
+                wait_for(lambda: store.count() >= 1, 30)  # the second waits parked
+            wait_for(lambda: len(retrying_runs(standalone_url)) >= 4 or STALE in started.logs(), 60)
+            assert STALE not in started.logs()
+    finally:
+        close_app(app)
+    nothing_left(broker.url, standalone_url)  # no run can come after this
+    recorded = sorted((r["at"], r["id"], r["retries"], r["deferrals"])
+                      for r in retrying_runs(standalone_url))  # fmt: skip
+    first, second = recorded[0][1], next(i for _, i, _, _ in recorded if i != recorded[0][1])
+    assert sorted((i, retries) for _, i, retries, _ in recorded) == sorted(
+        (i, retries) for i in (first, second) for retries in (0, 1)
+    )
+    # the second's run came from a release (it waited), and so did its retry
+    assert all(deferrals for _, i, _, deferrals in recorded if i == second), recorded
+
+
+STALE = "is a stale copy (another copy goes on): dropped"
+
+
+def retrying_runs(url: str) -> list[dict[str, Any]]:
+    return [r for r in runs(url) if r["name"] == "proj.plain_retrying"]

@@ -18,6 +18,7 @@ README = ROOT / "README.md"
 QUICKSTART = ROOT / "docs" / "quickstart.md"
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
+ONE_REDIS = True  # one Redis version is enough here (tests/conftest.py)
 
 
 def block_after(anchor: str, page: Path = README) -> str:
@@ -38,3 +39,22 @@ def test_the_readme_test_of_the_quickstart_passes(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed" in done.stdout
+
+
+def test_the_readme_status_sample_is_the_real_output(tmp_path: Path, redis_url: str) -> None:
+    """The README's ``celery -A tasks funnel status`` before any task ran is what the
+    command prints for its quickstart ``tasks.py`` (it lacked the ``limit`` column)."""
+    import redis
+
+    (tmp_path / "tasks.py").write_text(block_after("<!-- quickstart: tasks.py -->"))
+    redis.Redis.from_url(redis_url).flushall()
+    text = README.read_text()
+    found = re.search(r"```\n\$ celery -A tasks funnel status\n(.*?)```", text, re.S)
+    assert found is not None
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tasks", "funnel", "status"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+        env={"PATH": "/usr/bin:/bin", "REDIS_URL": redis_url, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == found.group(1)

@@ -1,7 +1,9 @@
 """The releaser (``releaser.Releaser``) built by hand, its ticks called one by one: the
 parked tasks in one private Redis, the broker another, whose queue kombu counts. A tick
-publishes each due task once and forgets it: nothing stays parked, and no later tick,
-once the tick's claim has lapsed, publishes it again."""
+publishes each due task once; the entry stays until a worker accepts the copy (here:
+``accept``, as the gate does), and no later tick publishes it again. A copy no worker
+accepted before the claim lapsed (it may have been lost on its way) is published again,
+and the first copy accepted is the one that runs."""
 
 from __future__ import annotations
 
@@ -75,10 +77,11 @@ def server_now(client: redis.Redis) -> float:
     return float(seconds) + microseconds / 1_000_000
 
 
-def test_a_tick_publishes_a_due_task_once_and_forgets_it(app: Celery, client: redis.Redis) -> None:
-    """One tick: one copy in the broker, nothing parked. Ticks after the claim lapsed
-    find nothing: still one copy, nothing parked (without the tick's ``done`` the entry
-    stayed parked, and the first tick after the lapse published a second copy)."""
+def test_a_tick_publishes_a_due_task_once_and_forgets_it_when_accepted(
+    app: Celery, client: redis.Redis
+) -> None:
+    """One tick: one copy in the broker, the entry kept until a worker accepts the copy;
+    ticks after the claim lapsed find nothing: still one copy, nothing parked."""
     store = ParkStore(client, "funnel:")
     task_id = park(app, store, 0)
     releaser = Releaser(app, store, lease=LEASE, lead=0.0)
@@ -86,24 +89,77 @@ def test_a_tick_publishes_a_due_task_once_and_forgets_it(app: Celery, client: re
     claimed_at = server_now(client)
     releaser.tick()
     first = (queued(app), store.count())  # (copies in the broker, tasks parked)
+    (token,) = [message_token(app)]
+    assert store.accept(task_id, token), "the worker that receives it accepts it"
     wait_for(lambda: server_now(client) > claimed_at + LEASE, 5)  # the claim has lapsed
     releaser.tick()
     releaser.tick()
     lapsed = (queued(app), store.count())
-    assert (first, lapsed) == ((1, 0), (1, 0)), "(copies, parked) after one tick, after more"
+    assert (first, lapsed) == ((1, 1), (1, 0)), "(copies, parked) after one tick, after more"
     assert queued_ids(app) == [task_id]
 
 
+def test_a_copy_no_worker_accepted_is_published_again_and_one_runs(
+    app: Celery, client: redis.Redis
+) -> None:
+    """The copy of a release that no worker accepted within the claim (lost on its
+    way, or still queued) is published again; of the two, the first accepted runs."""
+    store = ParkStore(client, "funnel:")
+    task_id = park(app, store, 0)
+    releaser = Releaser(app, store, lease=LEASE, lead=0.0)
+    claimed_at = server_now(client)
+    releaser.tick()
+    wait_for(lambda: server_now(client) > claimed_at + LEASE, 5)
+    releaser.tick()
+    assert (queued(app), store.count()) == (2, 1)
+    first, second = message_tokens(app)
+    assert first != second
+    assert store.accept(task_id, second), "the later copy happened to come first: it runs"
+    assert not store.accept(task_id, first), "the other is dropped"
+    assert store.count() == 0
+
+
+def message_token(app: Celery) -> str:
+    """The release token of the first message in the broker's queue (left there)."""
+    with app.connection_for_read() as connection:
+        message = connection.default_channel.basic_get(QUEUE)
+        assert message is not None
+        message.requeue()
+        return str(message.headers["celery_funnel"]["release"])
+
+
+def message_tokens(app: Celery) -> list[str]:
+    """The release tokens of the messages in the broker's queue (taken off it), in
+    publish order."""
+    tokens: list[str] = []
+    with app.connection_for_read() as connection:
+        channel = connection.default_channel
+        while (message := channel.basic_get(QUEUE)) is not None:
+            message.ack()
+            tokens.append(str(message.headers["celery_funnel"]["release"]))
+    return tokens[::-1]
+
+
 def test_a_tick_publishes_each_of_several_due_tasks_once(app: Celery, client: redis.Redis) -> None:
-    """Five due tasks, one tick: five copies, one of each, nothing parked; the same
-    after the claim lapsed."""
+    """Five due tasks, one tick: five copies, one of each; accepted, nothing stays
+    parked, and the same after the claim lapsed."""
     store = ParkStore(client, "funnel:")
     ids = [park(app, store, n) for n in range(5)]
     releaser = Releaser(app, store, lease=LEASE, lead=0.0)
     claimed_at = server_now(client)
     releaser.tick()
-    first = (queued(app), store.count())
+    first = queued(app)
+    for task_id in ids:
+        assert store.accept(task_id, client_token(client, task_id))
     wait_for(lambda: server_now(client) > claimed_at + LEASE, 5)
     releaser.tick()
-    assert (first, (queued(app), store.count())) == ((5, 0), (5, 0))
+    assert (first, (queued(app), store.count())) == (5, (5, 0))
     assert sorted(queued_ids(app)) == sorted(ids)
+
+
+def client_token(client: redis.Redis, task_id: str) -> str:
+    """The token of the release in flight of ``task_id`` (its claim)."""
+    claims = ParkStore(client, "funnel:").keys[2]
+    token = client.hget(claims, task_id)
+    assert isinstance(token, bytes)
+    return token.decode()

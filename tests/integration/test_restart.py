@@ -3,7 +3,8 @@
 is parked there (``funnel_park="auto"``): long waits stay in the broker and the workers;
 with one (``appendfsync always``) tasks are parked and the restart keeps them. Each way
 a task waits: a rate (FunnelTask and the worker gate), a concurrency slot, a fair-share
-turn. The runs are recorded in a Redis of their own."""
+turn (which refuses to start where nothing may be parked). The runs are recorded in a
+Redis of their own."""
 
 from __future__ import annotations
 
@@ -77,10 +78,14 @@ def run_with_restart(
 ) -> tuple[list[dict[str, Any]], str]:  # fmt: skip
     """Send ``count`` tasks ``name``; once ``kill_after`` ran (and ``park_first`` are
     parked), SIGKILL the funnels' Redis and start it again; the runs once every task
-    ran (and the workers logged ``logged``), and the workers' logs."""
-    app = make_restart_app(broker.url, funnels.url, store.url)
+    ran (and the workers logged ``logged``), and the workers' logs. The fair task is
+    registered only when it is the one sent (where nothing may be parked, a worker
+    refuses to start with it)."""
+    fair = name == "restart.fair"
+    app = make_restart_app(broker.url, funnels.url, store.url, fair=fair)
+    env = {"FUNNEL_TEST_FAIR": "1" if fair else "0", **(env or {})}
     try:
-        with workers(broker.url, funnels.url, store.url, **(env or {})) as started:
+        with workers(broker.url, funnels.url, store.url, **env) as started:
             ids = send(app, name, count, tenants)
             wait_for(lambda: len(restart_runs(store.url)) >= kill_after, 60)
             if park_first:
@@ -153,15 +158,32 @@ def test_slot_waiters_survive_a_restart(broker: RedisServer, store: RedisServer,
         )  # fmt: skip
 
 
-@pytest.mark.parametrize("aof", [False, True], ids=["no persistence", "AOF always"])
-def test_fair_share_waiters_survive_a_restart(
-    broker: RedisServer, store: RedisServer, aof: bool
+def test_fair_share_without_parking_refuses_to_start(
+    broker: RedisServer, store: RedisServer
 ) -> None:
-    """30 tasks of 3 tenants sharing 2/s (fair share: parked in their tenants' queues
-    with AOF; an ordinary funnel without), the funnels' Redis SIGKILLed and started
-    again with 10 run: all 30 run once."""
-    with RedisServer(None, None, *(AOF_ALWAYS if aof else ())) as funnels:
+    """A funnels' Redis without AOF that is not the broker's: no task may be parked
+    there, so a worker with a fair-share task stops at start, in one line naming the
+    task and why (before: silently an ordinary funnel)."""
+    env = {"FUNNEL_TEST_FAIR": "1"}
+    with RedisServer() as funnels:
+        started = workers(broker.url, funnels.url, store.url, **env).start()
+        try:
+            wait_for(lambda: all(p.poll() is not None for p in started.processes), 60)
+            logs = started.logs()
+        finally:
+            started.stop()
+    assert (
+        "ConfigurationError: task 'restart.fair': funnel_fair_by queues each tenant's waiting"
+        " tasks parked in the funnels' Redis, and none may be parked there: the funnels'"
+        " Redis has no append-only file and is not the broker's Redis server" in logs
+    ), logs
+
+
+def test_fair_share_waiters_survive_a_restart(broker: RedisServer, store: RedisServer) -> None:
+    """30 tasks of 3 tenants sharing 2/s (parked in their tenants' queues), the funnels'
+    Redis (AOF always) SIGKILLed and started again with 10 run: all 30 run once."""
+    with RedisServer(None, None, *AOF_ALWAYS) as funnels:
         run_with_restart(
             funnels, broker, store, "restart.fair", 30, kill_after=10, tenants=3,
-            park_first=8 if aof else 0, env={"FUNNEL_TEST_RATE": "2/s"},
+            park_first=8, env={"FUNNEL_TEST_RATE": "2/s"},
         )  # fmt: skip

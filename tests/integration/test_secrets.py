@@ -8,8 +8,11 @@ from typing import Any
 
 import pytest
 import redis
+from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
+from celery_funnel import install
+from celery_funnel._config.runtime import runtime_for
 from celery_funnel.testing import RedisServer
 from tests.integration.proj import close_app, make_app
 
@@ -58,3 +61,35 @@ def test_inspect_conf_masks_a_password_given_in_the_urls_query(protected: RedisS
     app = make_app(broker, url, store_url=broker, worker_enable_remote_control=True)
     for conf in confs(app):
         assert conf["funnel_redis_url"].endswith("?password=****"), conf["funnel_redis_url"]
+
+
+def test_inspect_conf_masks_a_django_namespaced_url(protected: RedisServer) -> None:
+    """A Django project's settings (``config_from_object(..., namespace="CELERY")``):
+    the funnels' URL is ``CELERY_FUNNEL_REDIS_URL``, which Celery keeps under that
+    name (it maps only its own settings): masked as well, and so is the broker's
+    ``CELERY_BROKER_URL``, which Celery 5.7 shows as it is (it masks ``broker_url``)."""
+    url = f"redis://:{PASSWORD}@127.0.0.1:{protected.port}/0"
+    conf = namespaced_conf(url, url)
+    assert conf["CELERY_FUNNEL_REDIS_URL"] == f"redis://:****@127.0.0.1:{protected.port}/0"
+    assert conf["CELERY_BROKER_URL"] == f"redis://:****@127.0.0.1:{protected.port}/0"
+    assert conf["CELERY_RESULT_BACKEND"] == f"redis://:********@127.0.0.1:{protected.port}/0"
+
+
+def namespaced_conf(broker_url: str, url: str) -> dict[str, Any]:
+    """The ``inspect conf`` reply of a worker configured as a Django project is."""
+
+    class Settings:  # django.conf.settings
+        CELERY_BROKER_URL = broker_url
+        CELERY_RESULT_BACKEND = url
+        CELERY_FUNNEL_REDIS_URL = url
+        CELERY_WORKER_ENABLE_REMOTE_CONTROL = True
+        CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+        CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+    app = Celery("django_project", set_as_current=False)
+    app.config_from_object(Settings, namespace="CELERY")
+    install(app)
+    assert runtime_for(app).settings.redis_url == url  # the funnels' Redis is this one
+    (conf,) = confs(app)
+    assert "funnel_redis_url" not in conf  # shown under the name it was given
+    return conf

@@ -227,4 +227,6 @@ def test_check_reports_an_acl_gap_with_the_line_that_fixes_it(server: RedisServe
     assert done.returncode == 1
     (error,) = [line for line in done.stdout.splitlines() if ": error: " in line]
     assert "ACL user lacks a permission" in error
-    assert "ACL SETUSER funnel on >PASSWORD resetkeys ~other:* -@all +evalsha" in done.stdout
+    assert "ACL SETUSER funnel on >PASSWORD resetkeys ~other:* resetchannels &other:* -@all" in (
+        done.stdout
+    )

@@ -7,13 +7,13 @@ import pytest
 from celery_funnel import Funnel
 from celery_funnel._limiter.strategies.reservation import Shape
 from celery_funnel._limiter.strategies.settle import Settle
-from tests.tables import T0, TABLES, answer_row, rows
+from tests.tables import T0, TABLES, answer_row, play, rows
 
 
 @pytest.mark.parametrize("table", list(TABLES))
 def test_table(funnel: Funnel, key: str, table: str) -> None:
     for label, method, kwargs, expected in rows(table):
-        assert answer_row(getattr(funnel, method)(key, **kwargs)) == expected, label
+        assert answer_row(play(funnel, key, method, kwargs)) == expected, label
 
 
 def test_cell_reply_rounds_partial_seconds_up(funnel: Funnel, key: str) -> None:

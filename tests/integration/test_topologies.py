@@ -22,10 +22,13 @@ from redis.sentinel import SentinelConnectionPool
 from celery_funnel import AsyncRedisFunnel, BackendError, Funnel, RedisFunnel, Shape
 from celery_funnel._config.runtime import runtime_for
 from celery_funnel._limiter.errors import ConfigurationError
+from celery_funnel._stores.check import check
+from celery_funnel._stores.persistence import Persistence, aof_everywhere, read_persistence
 from tests.conftest import CLUSTER, ServerPool
 from tests.integration.proj import close_app, make_app, runs
+from tests.integration.test_one_gate import workers
 from tests.polling import wait_for
-from tests.servers import SentinelServers
+from tests.servers import RedisClusterServers, SentinelServers
 
 pytestmark = [
     pytest.mark.redis,
@@ -211,3 +214,63 @@ def test_funnels_spread_over_the_masters_and_each_keeps_one_slot(cluster_url: st
     assert slots_by_funnel
     assert all(len(slots) == 1 for slots in slots_by_funnel.values()), slots_by_funnel
     funnel.client.close()
+
+
+@pytest.fixture
+def partly_persistent_cluster() -> Iterator[RedisClusterServers]:
+    """A cluster of its own (3 masters) whose first two masters have an append-only
+    file and whose third has none (the first, slot 0's, is the node redis-py sends a
+    command for no key to: it has AOF)."""
+    cluster = RedisClusterServers(3).start()
+    try:
+        for server in cluster.servers[:2]:
+            appendonly(server.port)
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def appendonly(port: int) -> None:
+    """Turn AOF on at one node (``CONFIG SET``), and wait for its first rewrite."""
+    with redis.Redis(port=port, decode_responses=True) as node:
+        node.config_set("appendonly", "yes")
+        wait_for(lambda: node.info("persistence")["aof_rewrite_in_progress"] == 0, 30)
+        assert node.info("persistence")["aof_enabled"] == 1
+
+
+def test_a_cluster_parks_only_when_every_master_has_aof(
+    partly_persistent_cluster: RedisClusterServers, standalone_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Two of three masters with AOF: the cluster is said to have none (a parked task
+    on the third would be lost on its restart): nothing is parked, ``funnel_park=True``
+    stops the worker, ``check`` says so, and a worker with a debounced task refuses to
+    start. The third master's AOF turned on too, parking starts."""
+    cluster = partly_persistent_cluster
+    funnel = RedisFunnel.from_url(cluster.url)
+    app = make_app(standalone_url, cluster.url, store_url=standalone_url)
+    try:
+        assert not aof_everywhere(funnel.client)
+        assert read_persistence(funnel.client)[0] is False
+        assert runtime_for(app).persistence.keeps() is False  # funnel_park="auto"
+        with pytest.raises(ConfigurationError, match="has no append-only file"):
+            Persistence(lambda: funnel.client, True).start()
+        found = {f.topic: f for f in check(funnel, "funnel:", parking=True)}
+        assert found["persistence"].level == "error", found
+        assert "no append-only file" in found["persistence"].message
+        monkeypatch.setenv("FUNNEL_TEST_DEBOUNCE", "1")
+        started = workers(standalone_url, cluster.url, 1, FUNNEL_TEST_STORE=standalone_url)
+        started.start()
+        try:
+            wait_for(lambda: started.processes[0].poll() is not None, 60)
+            logs = started.logs()
+        finally:
+            started.stop()
+        assert "task 'proj.debounced': funnel_debounce=1 keeps each key's last send" in logs
+        appendonly(cluster.servers[2].port)  # every master now
+        assert aof_everywhere(funnel.client)
+        assert Persistence(lambda: funnel.client, "auto").keeps() is True
+        assert "persistence" not in {f.topic for f in check(funnel, "funnel:", parking=True)}
+    finally:
+        close_app(app)
+        funnel.client.close()

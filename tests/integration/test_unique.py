@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from celery_funnel._stores.park import ParkStore
 from celery_funnel.testing import RedisServer
-from tests.integration.conftest import Recorder, sample
+from tests.integration.conftest import Recorder, nothing_left, sample
 from tests.integration.proj import RELEASE, close_app, make_app, runs
 from tests.integration.test_cli import celery_funnel
 from tests.integration.test_observability import Events
@@ -82,6 +82,7 @@ def test_unique_under_a_rate_and_a_concurrency_limit(
             wait_for(lambda: len(runs(standalone_url)) >= 6, 30)
     finally:
         close_app(app)
+    nothing_left(broker.url, standalone_url)  # no run can come after this
     recorded = once_each(
         standalone_url, "proj.unique_limited", {*again, *set().union(*sends.values())}
     )
@@ -114,6 +115,7 @@ def test_a_duplicate_sent_past_the_task_is_dropped_at_the_worker(
             wait_for(lambda: events.of("funnel-dropped") and events.of("task-revoked"), 10)
     finally:
         close_app(app)
+    nothing_left(broker.url, standalone_url)  # no run can come after this
     once_each(standalone_url, "proj.unique", {first.id})
     assert [e["uuid"] for e in events.of("task-revoked")] == [second.id]
     (event,) = events.of("funnel-dropped")
@@ -227,4 +229,48 @@ def test_tasks_revoked_while_they_wait_free_their_keys(
             wait_for(lambda: len(runs(standalone_url)) >= 4, 30)
     finally:
         close_app(app)
+    nothing_left(broker.url, standalone_url)  # no run can come after this
     once_each(standalone_url, "proj.unique_limited", set(ids[:4]))
+
+
+def test_a_retry_in_its_countdown_keeps_the_key(standalone_url: str, broker: RedisServer) -> None:
+    """A unique task whose run retries with a countdown of 3 s: every send of its key
+    during the countdown (and while the retry runs) returns its id and runs nothing; the
+    retry runs once; once it ended, the key is free and a new send runs (its first run
+    and its retry, once each)."""
+    app = make_app(broker.url, standalone_url)
+    task = app.tasks["proj.unique_retrying"]
+    key = "funnel:{proj.unique_retrying:a}#unique"
+    during: list[str] = []
+
+    def retried() -> bool:
+        """One more send of the key; True once the retry ran, or a send was not
+        collapsed into the first task."""
+        during.append(task.delay("a", len(during) + 1).id)
+        return during[-1] != first or any(r["retries"] for r in runs(standalone_url))
+
+    try:
+        with workers(broker.url, standalone_url, 1) as started:
+            started.wait_ready()
+            first = task.delay("a", 0).id
+            wait_for(lambda: len(runs(standalone_url)) >= 1, 30)  # it retries in 3 s
+            wait_for(retried, 30)  # sends from the first run to the retry's run
+            during.append(task.delay("a", 999).id)  # the retry runs: it holds the key
+            assert set(during) == {first}, f"{len(set(during) - {first})} sends took the key"
+            with redis.Redis.from_url(standalone_url) as client:
+                assert client.get(key) == first.encode()
+                client.set(RELEASE, 1)
+                wait_for(lambda: client.get(key) is None, 30)  # freed at the retry's end
+            again = task.delay("a", 1000, countdown=0).id
+            assert again != first
+            wait_for(lambda: len(runs(standalone_url)) >= 4, 30)
+            with redis.Redis.from_url(standalone_url) as client:
+                wait_for(lambda: client.get(key) is None, 30)
+    finally:
+        close_app(app)
+    nothing_left(broker.url, standalone_url)
+    recorded = [(r["id"], r["retries"], r["args"]) for r in runs(standalone_url)]
+    assert recorded == [
+        (first, 0, ["a", 0]), (first, 1, ["a", 0]), (again, 0, ["a", 1000]),
+        (again, 1, ["a", 1000]),
+    ]  # fmt: skip

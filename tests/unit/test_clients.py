@@ -88,7 +88,7 @@ def test_funnel_redis_options_reach_the_client() -> None:
     kwargs = funnel.client.connection_pool.connection_kwargs  # type: ignore[attr-defined]
     assert (kwargs["ssl_ca_certs"], kwargs["socket_timeout"]) == ("/ca.pem", 7.0)
     assert kwargs["socket_connect_timeout"] == 1.0  # funnel_socket_timeout, not overridden
-    funnel.client.close()  # type: ignore[attr-defined]
+    funnel.client.close()
 
 
 def test_funnel_redis_options_must_be_a_dict() -> None:

@@ -121,3 +121,51 @@ def test_allowed_hosts_add_names_to_an_open_dashboard(celery_app: Any) -> None:
 )  # fmt: skip
 def test_host_names(header: str, name: str | None) -> None:
     assert host_name(header) == name
+
+
+# Origins a page of another site can send (or that name another origin) that look like
+# the dashboard's own, http://127.0.0.1:5566: each is refused, whatever its likeness
+LOOK_ALIKES = [
+    "http://127.0.0.1:5566.evil.example",  # a subdomain of the attacker's
+    "http://127.0.0.1:5566@evil.example",  # user info: the host is evil.example
+    "http://evil.example/?http://127.0.0.1:5566",  # the origin in a query
+    "http://evil.example#127.0.0.1:5566",
+    "http://evil.example:5566",  # another host
+    "http://127.0.0.1:5567",  # another port
+    "http://127.0.0.1:55660",
+    "http://127.0.0.1",  # port 80
+    "http://127.0.0.1:556",
+    "http://localhost:5566",  # another name of this machine: another origin
+    "http://x127.0.0.1:5566",
+    "null",  # a sandboxed page, a data: URL
+    "",
+]
+
+
+def control_from(asgi: Any, origin: str | None, host: str = "127.0.0.1:5566") -> tuple[int, str]:
+    """A control with the page's CSRF token (cookie and header) and this ``Origin``; an
+    action that no Redis answers, so that what passes the CSRF check says so (404)."""
+    headers = {"x_csrf_token": "c" * 32, "cookie": f"{CSRF_COOKIE}={'c' * 32}"}
+    if origin is not None:
+        headers["origin"] = origin
+    return call(asgi, "POST", "/api/nope/proj.steady", host, **headers)
+
+
+@pytest.mark.parametrize("origin", LOOK_ALIKES)
+def test_a_control_from_a_look_alike_origin_is_refused(celery_app: Any, origin: str) -> None:
+    asgi = create_app(celery_app)
+    assert control_from(asgi, origin) == (403, '{"error":"missing or wrong CSRF token"}')
+
+
+@pytest.mark.parametrize(
+    ("origin", "host"),
+    [("http://127.0.0.1:5566", "127.0.0.1:5566"), ("http://localhost:5566", "localhost:5566"),
+     ("http://[::1]:5566", "[::1]:5566"), ("http://127.0.0.1", "127.0.0.1"), (None, "127.0.0.1")],
+)  # fmt: skip
+def test_a_control_from_the_dashboards_own_origin_passes(
+    celery_app: Any, origin: str | None, host: str
+) -> None:
+    """Its exact origin (or none: a same-origin request of an older browser) passes the
+    CSRF check, and reaches the action (none such here: 404)."""
+    asgi = create_app(celery_app)
+    assert control_from(asgi, origin, host) == (404, '{"error":"no action \'nope\'"}')

@@ -7,10 +7,13 @@ from redis.crc import key_slot
 
 from celery_funnel import ConfigurationError, Decision, Funnel, MemoryFunnel, Reservation
 from celery_funnel._limiter.keys import (
+    PARKED_PARTS,
+    ParkedKeys,
     companion_key,
     glob_escape,
     hash_tag,
     limit_key,
+    parked_keys,
     parse_key,
     scan_pattern,
     task_key,
@@ -165,3 +168,11 @@ def test_memory_funnel_reset() -> None:
     funnel.reset("k")
     funnel.reset("w")
     assert funnel.store.keys() == []
+
+
+def test_the_parked_keys_are_named_in_their_order() -> None:
+    keys = parked_keys("p:")
+    assert [name.replace("_", "-") for name in ParkedKeys._fields] == list(PARKED_PARTS)
+    assert keys.counts == keys[7] == "p:{~parked}#counts"
+    assert keys.due == keys[0]
+    assert keys.accepted_at.endswith("#accepted-at")

@@ -9,7 +9,7 @@ import pytest
 from celery import Celery
 
 from celery_funnel import ConfigurationError, FunnelTask, Rate, control, install
-from celery_funnel._gate.judge import Charge
+from celery_funnel._gate.charges import Charge
 from celery_funnel._gate.overrides import (
     Override,
     OverrideTable,

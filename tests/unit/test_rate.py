@@ -11,7 +11,7 @@ from celery.utils.time import rate
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from celery_funnel import BackendError, ConfigurationError, FunnelError, Rate
+from celery_funnel import BackendError, ConfigurationError, FunnelError, Rate, TooManyWaitingError
 from celery_funnel._config.options import limits_of
 from celery_funnel._config.settings import FunnelSettings
 from celery_funnel._gate.overrides import Override
@@ -125,13 +125,37 @@ def test_parse_round_trips(count: int, unit: str, multiplier: int) -> None:
 
 @pytest.mark.parametrize(
     "error",
-    [FunnelError("x"), ConfigurationError("bad rate '0/s'"), BackendError("Redis down")],
+    [
+        FunnelError("x"),
+        ConfigurationError("bad rate '0/s'"),
+        BackendError("Redis down"),
+        TooManyWaitingError(6, 6, "funnel:{app.send}", "app.send"),
+    ],
 )
 def test_exceptions_pickle(error: FunnelError) -> None:
     copy = pickle.loads(pickle.dumps(error))
     assert type(copy) is type(error)
     assert str(copy) == str(error)
     assert isinstance(copy, FunnelError)
+    assert vars(copy) == vars(error), "its figures too"
+
+
+def test_too_many_waiting_names_the_task_its_funnel_and_the_figures() -> None:
+    error = TooManyWaitingError(7, 6, "funnel:{app.send}", "app.send")
+    assert (error.waiting, error.limit, error.funnel, error.task) == (
+        7,
+        6,
+        "funnel:{app.send}",
+        "app.send",
+    )
+    assert str(error) == (
+        "task 'app.send': 7 tasks of its funnel 'funnel:{app.send}' wait to start"
+        " (funnel_max_waiting=6): send again once they have"
+    )
+    assert str(TooManyWaitingError(1, 1, "funnel:{app.send}", "app.send")) == (
+        "task 'app.send': 1 task of its funnel 'funnel:{app.send}' waits to start"
+        " (funnel_max_waiting=1): send again once it has"
+    )
 
 
 @given(

@@ -3,7 +3,7 @@ methods, a limit's check) with its script calls sent by a coroutine.
 
 A step runs against ``KnownReplies``, a store that answers its script calls from the replies
 known so far and stops it (``Needs``) at the first call not answered yet; the coroutine
-sends that call (or batch: ``throttle_many``), and the step runs again from its start
+sends that call (or batch: ``decide``), and the step runs again from its start
 with one more reply known. Arguments are built and replies decoded by the strategies,
 as on every other store; only the round trip is awaited.
 """

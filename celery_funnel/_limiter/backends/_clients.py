@@ -6,6 +6,11 @@
 - ``redis+sentinel://[:password@]host:port[,host:port...]/service[/db]``: the master
   of ``service`` as the Sentinels at those addresses name it, followed across failovers
   (``redis.sentinel.Sentinel.master_for``).
+
+Retries: a call that timed out is never sent again (redis-py 8 retries ten times by
+default: a Redis that hangs would hold each call for ten socket timeouts, and a script
+that timed out may have run already); a connection refused or reset is tried once more,
+on a new connection. ``funnel_redis_options={"retry": ...}`` sets another policy.
 """
 
 from __future__ import annotations
@@ -17,8 +22,11 @@ from urllib.parse import unquote
 import redis
 import redis.asyncio
 import redis.asyncio.cluster
+import redis.asyncio.retry
 import redis.asyncio.sentinel
+import redis.backoff
 import redis.cluster
+import redis.retry
 import redis.sentinel
 
 from ..errors import ConfigurationError
@@ -33,15 +41,25 @@ class _Flavour(NamedTuple):
     cluster: Any
     node: Any
     sentinel: Any
+    retry: Any
 
 
 _BLOCKING = _Flavour(
-    redis.Redis, redis.cluster.RedisCluster, redis.cluster.ClusterNode, redis.sentinel.Sentinel
-)
+    redis.Redis, redis.cluster.RedisCluster, redis.cluster.ClusterNode, redis.sentinel.Sentinel,
+    redis.retry.Retry,
+)  # fmt: skip
 _ASYNCIO = _Flavour(
     redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster, redis.asyncio.cluster.ClusterNode,
-    redis.asyncio.sentinel.Sentinel,
+    redis.asyncio.sentinel.Sentinel, redis.asyncio.retry.Retry,
 )  # fmt: skip
+
+
+def _retry(flavour: _Flavour) -> Any:
+    """Once more after a connection refused or reset; never after a timeout."""
+    return flavour.retry(
+        redis.backoff.NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)
+    )
+
 
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 SENTINEL_SCHEME = "redis+sentinel://"
@@ -127,6 +145,7 @@ def async_client_from_url(url: str, **options: Any) -> Any:
 
 
 def _client(url: str, options: dict[str, Any], flavour: _Flavour) -> Any:
+    options = {"retry": _retry(flavour), **options}
     try:
         if url.startswith(CLUSTER_SCHEMES):
             return _cluster(url, options, flavour)

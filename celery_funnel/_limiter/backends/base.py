@@ -9,29 +9,25 @@ from typing import TypeVar
 from ..decision import Decision, Reservation
 from ..guard import limit_method
 from ..rate import Rate
-from ..scripts import Arg, Call, Reply, Script
-from ..strategies import (
-    adapt,
-    align,
-    fixed_window,
-    gcra,
-    hold,
-    reservation,
-    settle,
-    sliding_log,
-    sliding_window,
-)
-from ..strategies.adapt import Adaptive
-from ..strategies.align import Align
-from ..strategies.reservation import Shape
-from ..strategies.settle import Settle
+from ..scripts import Arg, Call, Op, Reply, Script
+from ..strategies import fixed_window, gcra, sliding_log, sliding_window
+from ..strategies._common import US
+from ..strategies.adapt import REFUSED, SUCCEEDED, Adaptive, AdaptOp
+from ..strategies.align import Align, AlignOp
+from ..strategies.gcra import ThrottleOp
+from ..strategies.hold import HoldOp
+from ..strategies.reservation import ReserveOp, Shape
+from ..strategies.settle import Settle, SettleOp
 
 T = TypeVar("T")
 
 
 class Funnel(ABC):
     """A store of funnels. Each method is one atomic step on one funnel (one round trip
-    on Redis). Times are float seconds; ``now`` (seconds since the epoch) replaces the
+    on Redis); ``decide`` runs any list of operations (``ThrottleOp``, ``ReserveOp``,
+    ``SettleOp``, ``AlignOp``, ``HoldOp``, ``AdaptOp``...) in one round trip, and the
+    batch methods (``throttle_many``, ``reserve_all``, ``settle_all``, ``align_all``) are
+    it for one kind. Times are float seconds; ``now`` (seconds since the epoch) replaces the
     store's clock, for tests and replays: without it the Redis server's ``TIME`` rules.
 
     Every method raises ``ConfigurationError`` for a zero or negative count or period,
@@ -48,6 +44,18 @@ class Funnel(ABC):
     def _eval_many(self, calls: Sequence[Call]) -> list[Reply]:
         """Run each call atomically, in order; one round trip where the store allows."""
         return [self._eval(*call) for call in calls]
+
+    def decide(self, ops: Sequence[Op[T]]) -> list[T]:
+        """Run ``ops`` (each one atomic script call: a ``scripts.Op``) in one round trip
+        (one pipeline on Redis; not all or nothing: each op is atomic on its own), and
+        answer each, in order. Every op's arguments are checked before anything is sent:
+        a bad one raises ``ConfigurationError`` and nothing is decided."""
+        if len(ops) == 1:
+            op = ops[0]
+            return [op.answer(self._eval(*op.call()))]
+        calls = [op.call() for op in ops]
+        replies = self._eval_many(calls) if calls else []
+        return [op.answer(reply) for op, reply in zip(ops, replies, strict=True)]
 
     def _decide_in_order(
         self, steps: Sequence[Callable[[Funnel], T]], admits: Callable[[T], bool]
@@ -88,8 +96,9 @@ class Funnel(ABC):
         is not all or nothing (``reserve_all`` is). Arguments are checked before anything
         is sent: a bad one raises ``ConfigurationError`` and nothing is decided.
         """
-        rows = [(f.key, f.max_burst, f.count, f.period, f.quantity) for f in funnels]
-        return gcra.throttle_many(self._eval_many, rows, now)
+        return self.decide(
+            [ThrottleOp(f.key, f.max_burst, f.count, f.period, f.quantity, now) for f in funnels]
+        )
 
     def water_level(
         self,
@@ -167,10 +176,8 @@ class Funnel(ABC):
         ``rank`` displaces less urgent tickets with one funnel only (a joint booking's
         slot is where every funnel admits: no single ticket's slot is one).
         """
-        return reservation.reserve_all(
-            self._eval, funnels, ticket=ticket, redeem=redeem, max_wait=max_wait,
-            early=early, late=late, now=now, rank=rank,
-        )  # fmt: skip
+        op = ReserveOp(funnels, ticket, redeem, max_wait, early, late, now, rank)
+        return self.decide([op])[0]
 
     def hold(
         self,
@@ -186,7 +193,7 @@ class Funnel(ABC):
         caller: the next unit fits exactly then. Booked tickets are voided (their
         holders book again). For an upstream's 429 with Retry-After. Returns the seconds
         until the funnel is idle again."""
-        return hold.hold(self._eval, key, max_burst, count, period, seconds, now)
+        return self.decide([HoldOp(key, max_burst, count, period, seconds, now)])[0]
 
     def settle(
         self, key: str, count: float, period: float, units: int, *, now: float | None = None
@@ -195,12 +202,12 @@ class Funnel(ABC):
         ``period`` seconds), or give ``-units`` back, at once for every caller: a run
         charged an estimate settles what it used (``units = actual - charged``). A
         give-back stops at an idle funnel. Returns the seconds until it is idle."""
-        return settle.settle_all(self._eval, [Settle(key, count, period, units)], now)[0]
+        return self.settle_all([Settle(key, count, period, units)], now=now)[0]
 
     def settle_all(self, funnels: Sequence[Settle], *, now: float | None = None) -> list[float]:
         """``settle`` on several GCRA funnels in one atomic step (one round trip); the
         keys must share one Redis Cluster hash slot. Per funnel, seconds until idle."""
-        return settle.settle_all(self._eval, funnels, now)
+        return self.decide([SettleOp(funnels, now)])[0] if funnels else []
 
     def align(
         self,
@@ -219,12 +226,12 @@ class Funnel(ABC):
         before ``reset`` seconds from now (``window=True``). The funnel is never made
         more generous. Returns the seconds until it is idle."""
         row = Align(key, max_burst, count, period, remaining, reset, window)
-        return align.align_all(self._eval, [row], now)[0]
+        return self.align_all([row], now=now)[0]
 
     def align_all(self, funnels: Sequence[Align], *, now: float | None = None) -> list[float]:
         """``align`` on several GCRA funnels in one atomic step (one round trip); the
         keys must share one Redis Cluster hash slot. Per funnel, seconds until idle."""
-        return align.align_all(self._eval, funnels, now)
+        return self.decide([AlignOp(funnels, now)])[0] if funnels else []
 
     def adapt(
         self,
@@ -240,8 +247,9 @@ class Funnel(ABC):
         funnel ``field`` (a limit of code rate ``rate``), kept in hash ``key``: see
         ``strategies.adapt``. Returns the seconds per unit now in force and whether
         this call changed them."""
-        event = adapt.REFUSED if refused else adapt.SUCCEEDED
-        return adapt.decode(self._eval(*adapt.adapt_call(key, field, event, adaptive, rate, now)))
+        event = REFUSED if refused else SUCCEEDED
+        us, changed = self.decide([AdaptOp(key, field, adaptive, rate, event, now)])[0]
+        return us / US, changed
 
     def fixed_window(
         self,

@@ -13,7 +13,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..errors import BackendConfigurationError, BackendError, ConfigurationError
 from ..keys import tickets_key
-from ..scripts import Arg, Call, Reply, Script
+from ..scripts import Arg, Call, RedisClient, Reply, Script
 from . import _chain
 from ._clients import client_from_url
 from ._faults import configuration_fault
@@ -44,20 +44,6 @@ def evalsha(call: Call) -> tuple[Arg, ...]:
     """The EVALSHA command of one script call."""
     script, keys, args = call
     return ("EVALSHA", script.sha, len(keys), *keys, *args)
-
-
-def run_script(client: Any, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
-    """``script`` on redis-py ``client`` (a Cluster's too) by EVALSHA, loaded first when
-    the server does not have it (NOSCRIPT): what the stores beside the funnels run.
-
-    Raises:
-        RedisError: when Redis fails.
-    """
-    try:
-        return client.evalsha(script.sha, len(keys), *keys, *args)
-    except NoScriptError:
-        client.script_load(script.source)
-        return client.evalsha(script.sha, len(keys), *keys, *args)
 
 
 def as_reply(reply: Any) -> Reply:
@@ -108,7 +94,7 @@ class RedisFunnel(Funnel):
     def __init__(self, client: Any) -> None:
         if not hasattr(client, "execute_command"):
             raise ConfigurationError(f"RedisFunnel needs a redis-py client, got {client!r}")
-        self.client = client
+        self.client: RedisClient = client
         self._lean = _Lean(client)
 
     @classmethod

@@ -61,7 +61,7 @@ def _awaitable(
 class AsyncRedisFunnel:
     """Funnels kept in Redis, for asyncio code: ``RedisFunnel``'s methods, awaited.
 
-    ``throttle``, ``throttle_many``, ``water_level``, ``reserve``, ``reserve_all``,
+    ``decide``, ``throttle``, ``throttle_many``, ``water_level``, ``reserve``, ``reserve_all``,
     ``hold``, ``settle``, ``settle_all``, ``align``, ``align_all``, ``adapt``, ``fixed_window``,
     ``sliding_log`` and ``sliding_window`` take the same arguments and give the same
     answers (``Decision``, ``Reservation``) as ``Funnel``'s; each is one round trip
@@ -179,6 +179,7 @@ class AsyncRedisFunnel:
         except FAILURES as exc:
             raise failure(f"running {len(calls)} scripts in one pipeline", exc) from exc
 
+    decide = _awaitable(Funnel.decide)
     throttle = _awaitable(Funnel.throttle)
     throttle_many = _awaitable(Funnel.throttle_many)
     water_level = _awaitable(Funnel.water_level)

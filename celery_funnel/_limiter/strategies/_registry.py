@@ -2,8 +2,13 @@
 
 A strategy is one module (argument building, reply parsing, the Python twin) and its
 Lua script; the limiter and the CLI reach it through this registry only, so adding one
-is one module, one script and one ``register`` call. Unknown names fail with the list
-of choices (``"fixed-window"`` never silently becomes another strategy).
+is one module, one script, one ``register`` call and its row in ``CAPABILITIES``. Unknown
+names fail with the list of choices (``"fixed-window"`` never silently becomes another
+strategy).
+
+What a strategy can do beyond one decision (book a slot, be settled, adapt...) is
+declared in the literal table ``CAPABILITIES`` and asked through ``capabilities(name)``:
+no code outside a strategy's own module tests a strategy's name.
 """
 
 from __future__ import annotations
@@ -17,9 +22,69 @@ from ..decision import Decision, Reservation
 from ..errors import ConfigurationError
 from ..rate import Rate
 
-__all__ = ["SCOPES", "Spec", "Strategy", "get", "names", "register", "validate"]
+__all__ = [
+    "CAPABILITIES",
+    "DEFAULT",
+    "SCOPES",
+    "Capabilities",
+    "Spec",
+    "Strategy",
+    "capabilities",
+    "get",
+    "names",
+    "register",
+    "validate",
+]
 
 SCOPES = ("global", "worker")
+DEFAULT = "gcra"  # the strategy of a limit that names none
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a strategy's funnels can do beyond one decision (each False by default).
+
+    ``capacity_bound``: a cost above the capacity can never run (else the rate's count
+    bounds the cost). ``books``: a refused request books the next slot under a ticket
+    (``Funnel.reserve``; its ``Strategy.reserve`` is set) and can give it back.
+    ``joint``: several funnels of one task decided in one script, all or nothing
+    (``Funnel.reserve_all``): a task may have several limits. ``settles``: a run's units
+    settled after it (``funnel_settle``). ``aligns``: brought in line with an upstream's
+    quota headers. ``holds``: held by an upstream's Retry-After (``funnel_backoff``).
+    ``adapts``: an adaptive rate (``"adaptive"`` in a limit). ``fair_share``: shared fairly
+    between tenants (``fair_by``). ``rebases``: moved to a new pace when the limit is
+    overridden (``rebase.lua``).
+    """
+
+    capacity_bound: bool = False
+    books: bool = False
+    joint: bool = False
+    settles: bool = False
+    aligns: bool = False
+    holds: bool = False
+    adapts: bool = False
+    fair_share: bool = False
+    rebases: bool = False
+
+
+NONE = Capabilities()
+
+# Every built-in strategy's capabilities, one row each (a strategy registered later
+# brings its own row through ``register``).
+CAPABILITIES: dict[str, Capabilities] = {
+    "gcra": Capabilities(
+        capacity_bound=True, books=True, joint=True, settles=True, aligns=True,
+        holds=True, adapts=True, fair_share=True, rebases=True,
+    ),
+    "fixed_window": NONE,
+    "sliding_log": NONE,
+    "sliding_window": NONE,
+}  # fmt: skip
+
+
+def capabilities(name: object) -> Capabilities:
+    """What strategy ``name`` can do (an unknown name: nothing; ``get`` refuses it)."""
+    return CAPABILITIES.get(name, NONE) if isinstance(name, str) else NONE
 
 
 class Spec(Protocol):
@@ -56,30 +121,40 @@ class Strategy:
 
     ``decide(funnel, key, spec, quantity)``: one atomic decision (quantity 0 peeks: the
     funnel's state, nothing taken). ``reserve(funnel, key, spec, quantity, ticket,
-    redeem, late)``: book the next slot, for strategies that can (GCRA); None otherwise.
-    ``capacity_bound``: a cost above the capacity can never run (GCRA), whereas window
-    strategies bound the cost by the rate's count. ``check(spec)``: the strategy's own
-    checks of a limit (raising ``ConfigurationError``), run when a ``Limit`` is built.
+    redeem, late)``: book the next slot, for strategies that can (``Capabilities.books``);
+    None otherwise. ``check(spec)``: the strategy's own checks of a limit (raising
+    ``ConfigurationError``), run when a ``Limit`` is built. What else it can do is its
+    row in ``CAPABILITIES``.
     """
 
     name: str
     decide: Decide
     reserve: Reserve | None = None
-    capacity_bound: bool = False
     check: Callable[[Spec], None] | None = None
+
+    @property
+    def can(self) -> Capabilities:
+        """Its row in ``CAPABILITIES``."""
+        return capabilities(self.name)
 
     def bound(self, spec: Spec) -> int:
         """The largest cost that can ever be admitted under ``spec``."""
-        return spec.capacity if self.capacity_bound else spec.rate.count
+        return spec.capacity if self.can.capacity_bound else spec.rate.count
 
 
 _REGISTRY: dict[str, Strategy] = {}
 
 
-def register(strategy: Strategy) -> Strategy:
-    """Add ``strategy`` under its name (a name registered twice is an error)."""
+def register(strategy: Strategy, can: Capabilities | None = None) -> Strategy:
+    """Add ``strategy`` under its name (a name registered twice is an error), with its
+    capabilities ``can`` (a built-in strategy has its row in ``CAPABILITIES`` already)."""
     if strategy.name in _REGISTRY:
         raise ConfigurationError(f"strategy {strategy.name!r} is registered already")
+    row = capabilities(strategy.name) if can is None else can
+    if row.books != (strategy.reserve is not None):
+        raise ConfigurationError(f"strategy {strategy.name!r}: books a slot iff it has reserve")
+    if can is not None:  # only once checked: a refused strategy leaves no row behind
+        CAPABILITIES[strategy.name] = can
     _REGISTRY[strategy.name] = strategy
     return strategy
 
@@ -134,7 +209,7 @@ def validate(spec: Spec) -> Strategy:
     if not callable(spec.cost):
         bound = strategy.bound(spec)
         if _whole("cost", spec.cost, 0) > bound:
-            what = "capacity" if strategy.capacity_bound else "rate's count"
+            what = "capacity" if strategy.can.capacity_bound else "rate's count"
             raise ConfigurationError(
                 f"cost {spec.cost} is above the {what} {bound}: such a task could never run"
             )

@@ -26,9 +26,11 @@ from ..rate import Rate
 from ..scripts import Arg, Call, Reply, Script, clock_arg, parse_now
 from ..values import did_you_mean
 from ._common import US, check_key, emission_us, now_us
+from ._registry import capabilities
 
 __all__ = [
-    "REFUSED", "SUCCEEDED", "Adaptive", "adapt_call", "decode", "parse_adaptive", "rate_of",
+    "REFUSED", "SUCCEEDED", "AdaptOp", "Adaptive", "adapt_call", "parse_adaptive",
+    "rate_of",
 ]  # fmt: skip
 
 REFUSED, SUCCEEDED = 1, 2
@@ -98,7 +100,7 @@ def parse_adaptive(spec: Any, rate: Rate, strategy: str, where: str) -> Adaptive
                 f"{where} has unknown option {name!r}"
                 f"{did_you_mean(str(name), OPTIONS)}; it takes {list(OPTIONS)}"
             )
-    if strategy != "gcra":
+    if not capabilities(strategy).adapts:
         raise ConfigurationError(f"{where} needs the 'gcra' strategy, got {strategy!r}")
     low = _rate(where, "min", spec["min"])
     if low.count * rate.period > rate.count * low.period:
@@ -175,11 +177,27 @@ def adapt_call(
     return SCRIPT, [key], [field, event, *adaptive.args(rate), clock_arg(now_us(now))]
 
 
+@dataclass(frozen=True)
+class AdaptOp:
+    """``Funnel.adapt`` as an operation (``scripts.Op``): ``event`` (``REFUSED`` or
+    ``SUCCEEDED``) recorded on funnel ``field``'s adaptive rate (``adaptive``, of code
+    rate ``rate``), kept in hash ``key``; answers the emission interval in force
+    (microseconds per unit) and whether the call changed it."""
+
+    key: str
+    field: str
+    adaptive: Adaptive
+    rate: Rate
+    event: int = SUCCEEDED
+    now: float | None = None
+
+    def call(self) -> Call:
+        return adapt_call(self.key, self.field, self.event, self.adaptive, self.rate, self.now)
+
+    def answer(self, reply: Reply) -> tuple[int, bool]:
+        return int(reply[0]), bool(reply[1])
+
+
 def rate_of(t_us: int) -> Rate:
     """The rate of emission interval ``t_us`` (microseconds per unit)."""
     return Rate(1, t_us / US)
-
-
-def decode(reply: Reply) -> tuple[float, bool]:
-    """The emission interval in force (seconds per unit) and whether the call changed it."""
-    return reply[0] / US, bool(reply[1])

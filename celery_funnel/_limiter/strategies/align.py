@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 from ..errors import ConfigurationError
 from ..memstore import MemoryStore
-from ..scripts import Arg, Call, Eval, Reply, Script, clock_arg, parse_now
+from ..scripts import Arg, Call, Reply, Script, clock_arg, parse_now
 from ._common import US, check_key, now_us, seconds
 from .gcra import MAX_TOLERANCE_US, shape
 
-__all__ = ["Align", "align_all", "align_call"]
+__all__ = ["Align", "AlignOp", "align_call"]
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,17 @@ def align_call(rows: Sequence[Align], now: float | None) -> Call:
     return SCRIPT, [row.key for row in rows], [clock_arg(now_us(now)), *map(_floor, rows)]
 
 
-def align_all(run: Eval, rows: Sequence[Align], now: float | None) -> list[float]:
-    """Align every row in one atomic step (the keys must share a Cluster hash slot);
-    per row, the seconds until its funnel is idle."""
-    return [seconds(us) for us in run(*align_call(rows, now))] if rows else []
+@dataclass(frozen=True)
+class AlignOp:
+    """``Funnel.align_all`` as an operation (``scripts.Op``): every row aligned in one
+    atomic step (the keys must share a Cluster hash slot); per row, the seconds until
+    its funnel is idle."""
+
+    rows: Sequence[Align]
+    now: float | None = None
+
+    def call(self) -> Call:
+        return align_call(self.rows, self.now)
+
+    def answer(self, reply: Reply) -> list[float]:
+        return [seconds(us) for us in reply]

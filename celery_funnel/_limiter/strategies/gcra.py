@@ -10,12 +10,13 @@ rounded up to the microsecond, so the rate is never exceeded) and
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 
 from ..decision import Decision
 from ..errors import ConfigurationError
 from ..memstore import MemoryStore
-from ..scripts import Arg, Call, Eval, EvalMany, Reply, Script, clock_arg, parse_now
+from ..scripts import Arg, Call, Eval, Reply, Script, clock_arg, parse_now
 from ._common import check_int, check_key, emission_us, now_us, seconds
 from ._registry import Spec, Strategy, register
 
@@ -36,7 +37,11 @@ def _twin(store: MemoryStore, keys: Sequence[str], argv: Sequence[Arg]) -> Reply
     return [new_tat - now]
 
 
-SCRIPT = Script.load("gcra", _twin, admitted="r[1] >= 0")
+def _admits(reply: Reply) -> bool:
+    return reply[0] >= 0
+
+
+SCRIPT = Script.load("gcra", _twin, admitted="r[1] >= 0", admits=_admits)
 
 
 @lru_cache(maxsize=1024)
@@ -95,19 +100,22 @@ def throttle(
     return decode(reply, limit, t, tau, quantity)
 
 
-def throttle_many(
-    run_many: EvalMany,
-    funnels: Sequence[tuple[str, int, int, float, int]],
-    now: float | None,
-) -> list[Decision]:
-    """One GCRA decision per ``(key, max_burst, count, period, quantity)``, all sent in
-    one round trip through ``run_many``; see ``Funnel.throttle_many``."""
-    built = [_call(*funnel, now) for funnel in funnels]
-    replies = run_many([call for call, _ in built])
-    return [
-        decode(reply[0], limit, t, tau, funnel[4])
-        for reply, (_, (limit, t, tau)), funnel in zip(replies, built, funnels, strict=True)
-    ]
+@dataclass(frozen=True)
+class ThrottleOp:
+    """``Funnel.throttle`` as an operation (``scripts.Op``): one GCRA decision."""
+
+    key: str
+    max_burst: int
+    count: int
+    period: float
+    quantity: int = 1
+    now: float | None = None
+
+    def call(self) -> Call:
+        return _call(self.key, self.max_burst, self.count, self.period, self.quantity, self.now)[0]
+
+    def answer(self, reply: Reply) -> Decision:
+        return decode(reply[0], *shape(self.max_burst, self.count, self.period), self.quantity)
 
 
 def _check(spec: Spec) -> None:
@@ -129,6 +137,5 @@ register(Strategy(
         key, spec.capacity - 1, spec.rate.count, spec.rate.period, quantity,
         ticket=ticket, redeem=redeem, late=late,
     ),
-    capacity_bound=True,
     check=_check,
 ))  # fmt: skip

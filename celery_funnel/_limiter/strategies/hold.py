@@ -8,11 +8,12 @@ are voided so that their holders book again after it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ..errors import ConfigurationError
 from ..keys import tickets_key
 from ..memstore import MemoryStore
-from ..scripts import Arg, Eval, Reply, Script, clock_arg, parse_now
+from ..scripts import Arg, Call, Reply, Script, clock_arg, parse_now
 from ._common import US, check_key, now_us, seconds
 from .gcra import shape
 
@@ -31,27 +32,34 @@ def _twin(store: MemoryStore, keys: Sequence[str], argv: Sequence[Arg]) -> Reply
 SCRIPT = Script.load("hold", _twin)
 
 
-def hold(
-    run: Eval,
-    key: str,
-    max_burst: int,
-    count: int,
-    period: float,
-    hold_for: float,
-    now: float | None,
-) -> float:
-    """Hold funnel ``key`` for ``hold_for`` seconds; returns seconds until it is idle."""
-    check_key(key)
-    if (
-        isinstance(hold_for, bool)
-        or not isinstance(hold_for, (int, float))
-        or not 0 < hold_for < 1e9
-    ):
-        raise ConfigurationError(f"hold must be a positive number of seconds, got {hold_for!r}")
-    _, t, tau = shape(max_burst, count, period)
-    (reply,) = run(
-        SCRIPT,
-        (key, tickets_key(key)),
-        (t, tau, max(round(hold_for * US), 1), clock_arg(now_us(now))),
-    )
-    return seconds(reply)
+@dataclass(frozen=True)
+class HoldOp:
+    """``Funnel.hold`` as an operation (``scripts.Op``): hold funnel ``key`` for
+    ``seconds``; answers the seconds until it is idle."""
+
+    key: str
+    max_burst: int
+    count: int
+    period: float
+    seconds: float
+    now: float | None = None
+
+    def call(self) -> Call:
+        check_key(self.key)
+        hold_for = self.seconds
+        if (
+            isinstance(hold_for, bool)
+            or not isinstance(hold_for, (int, float))
+            or not 0 < hold_for < 1e9
+        ):
+            raise ConfigurationError(f"hold must be a positive number of seconds, got {hold_for!r}")
+        _, t, tau = shape(self.max_burst, self.count, self.period)
+        return (
+            SCRIPT,
+            (self.key, tickets_key(self.key)),
+            (t, tau, max(round(hold_for * US), 1), clock_arg(now_us(self.now))),
+        )
+
+    def answer(self, reply: Reply) -> float:
+        (us,) = reply
+        return seconds(us)

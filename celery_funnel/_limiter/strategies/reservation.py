@@ -24,12 +24,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..decision import Reservation
 from ..errors import ConfigurationError
 from ..keys import ranks_key, tickets_key
 from ..memstore import MemoryStore
-from ..scripts import Arg, Eval, Reply, Script, clock_arg, parse_now
+from ..scripts import Arg, Call, Reply, Script, clock_arg, parse_now
 from ._common import US, check_int, check_key, now_us, seconds
 from .gcra import shape
 
@@ -135,7 +136,11 @@ def _displace(
     return None
 
 
-SCRIPT = Script.load("reserve", _twin, admitted="r[1] == 0")
+def _admits(reply: Reply) -> bool:
+    return reply[0] == ADMITTED
+
+
+SCRIPT = Script.load("reserve", _twin, admitted="r[1] == 0", admits=_admits)
 
 
 def _grace_us(name: str, value: float | None, default_us: int) -> int:
@@ -163,47 +168,52 @@ class Shape:
     quantity: int = 1
 
 
-def reserve_all(
-    run: Eval,
-    funnels: Sequence[Shape],
-    *,
-    ticket: str | None,
-    redeem: bool,
-    max_wait: float | None,
-    early: float | None,
-    late: float | None,
-    now: float | None,
-    rank: int | None = None,
-) -> Reservation:
-    """One joint reservation through ``run``; see ``Funnel.reserve_all``."""
-    if not funnels:
-        raise ConfigurationError("reserve_all needs at least one funnel")
-    if redeem and not ticket:
-        raise ConfigurationError("redeem=True needs a ticket")
-    pairs: list[Arg] = []
-    limit, widest = 0, 0
-    for shape_ in funnels:
-        check_key(shape_.key)
-        check_int("quantity", shape_.quantity, 1)
-        funnel_limit, t, tau = shape(shape_.max_burst, shape_.count, shape_.period)
-        pairs += [t * shape_.quantity, tau]
-        limit, widest = limit or funnel_limit, max(widest, t * shape_.quantity)
-    args: list[Arg] = [
-        clock_arg(now_us(now)), ticket or "", "1" if redeem else "0",
-        _grace_us("early", early, min(widest, round(DEFAULT_EARLY_SECONDS * US))),
-        _grace_us("late", late, widest),
-        -1 if max_wait is None else _grace_us("max_wait", max_wait, -1),
-        "" if rank is None else _rank(rank),
-        *pairs, SWEEP,
-    ]  # fmt: skip
-    first = funnels[0].key
-    keys = [tickets_key(first), ranks_key(first), *(f.key for f in funnels)]
-    status, delay_us, reset_us, stale = run(SCRIPT, keys, args)
-    return Reservation(
-        admitted=status == ADMITTED,
-        delay=seconds(delay_us),
-        booked=status == BOOKED,
-        limit=limit,
-        reset_after=seconds(reset_us),
-        stale=bool(stale),
-    )
+class ReserveOp(NamedTuple):
+    """``Funnel.reserve_all`` as an operation (``scripts.Op``): one joint reservation
+    on ``funnels``, all or nothing. A named tuple: one is built per booking, on the
+    worker's path of every task (a frozen dataclass costs four times as much)."""
+
+    funnels: Sequence[Shape]
+    ticket: str | None = None
+    redeem: bool = False
+    max_wait: float | None = None
+    early: float | None = None
+    late: float | None = None
+    now: float | None = None
+    rank: int | None = None
+
+    def call(self) -> Call:
+        funnels, ticket, redeem = self.funnels, self.ticket, self.redeem
+        if not funnels:
+            raise ConfigurationError("reserve_all needs at least one funnel")
+        if redeem and not ticket:
+            raise ConfigurationError("redeem=True needs a ticket")
+        pairs: list[Arg] = []
+        widest = 0
+        for shape_ in funnels:
+            check_key(shape_.key)
+            check_int("quantity", shape_.quantity, 1)
+            _, t, tau = shape(shape_.max_burst, shape_.count, shape_.period)
+            pairs += [t * shape_.quantity, tau]
+            widest = max(widest, t * shape_.quantity)
+        args: list[Arg] = [
+            clock_arg(now_us(self.now)), ticket or "", "1" if redeem else "0",
+            _grace_us("early", self.early, min(widest, round(DEFAULT_EARLY_SECONDS * US))),
+            _grace_us("late", self.late, widest),
+            -1 if self.max_wait is None else _grace_us("max_wait", self.max_wait, -1),
+            "" if self.rank is None else _rank(self.rank),
+            *pairs, SWEEP,
+        ]  # fmt: skip
+        first = funnels[0].key
+        return SCRIPT, [tickets_key(first), ranks_key(first), *(f.key for f in funnels)], args
+
+    def answer(self, reply: Reply) -> Reservation:
+        status, delay_us, reset_us, stale = reply
+        return Reservation(
+            admitted=status == ADMITTED,
+            delay=seconds(delay_us),
+            booked=status == BOOKED,
+            limit=self.funnels[0].max_burst + 1,  # the first funnel's (checked by call)
+            reset_after=seconds(reset_us),
+            stale=bool(stale),
+        )

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 from ..errors import ConfigurationError
 from ..memstore import MemoryStore
-from ..scripts import Arg, Call, Eval, Reply, Script, clock_arg, parse_now
+from ..scripts import Arg, Call, Reply, Script, clock_arg, parse_now
 from ._common import check_key, emission_us, now_us, seconds
 from .gcra import MAX_TOLERANCE_US
 
-__all__ = ["Settle", "decode", "settle_all", "settle_call"]
+__all__ = ["Settle", "SettleOp", "decode", "settle_call"]
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,17 @@ def decode(reply: Reply) -> list[float]:
     return [seconds(us) for us in reply]
 
 
-def settle_all(run: Eval, rows: Sequence[Settle], now: float | None) -> list[float]:
-    """Settle every row in one atomic step (the keys must share a Cluster hash slot);
-    per row, the seconds until its funnel is idle again."""
-    return decode(run(*settle_call(rows, now))) if rows else []
+@dataclass(frozen=True)
+class SettleOp:
+    """``Funnel.settle_all`` as an operation (``scripts.Op``): every row settled in one
+    atomic step (the keys must share a Cluster hash slot); per row, the seconds until
+    its funnel is idle again."""
+
+    rows: Sequence[Settle]
+    now: float | None = None
+
+    def call(self) -> Call:
+        return settle_call(self.rows, self.now)
+
+    def answer(self, reply: Reply) -> list[float]:
+        return decode(reply)

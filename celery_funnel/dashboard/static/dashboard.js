@@ -12,6 +12,9 @@ window.cfDashboard = { updates: 0, admitted: {} };  // read by the browser test
 
 function text(value) { return value === null || value === undefined ? "–" : String(value); }
 
+// an epoch time (seconds) as the CLI prints it: UTC, 24-hour
+function utc(seconds) { return `${new Date(seconds * 1000).toISOString().slice(11, 19)} UTC`; }
+
 function setStatus(message, error) {
   const el = document.getElementById("status");
   el.textContent = message;
@@ -43,6 +46,9 @@ function cell(tr, className) {
 
 function controls(td, name) {
   td.className = "controls";
+  const fields = document.createElement("div");
+  const buttons = document.createElement("div");
+  td.append(fields, buttons);
   const inputs = {};
   for (const [field, hint] of [["rate", "20/s"], ["capacity", "cap"], ["concurrency", "conc"], ["ttl", "1h"]]) {
     const input = document.createElement("input");
@@ -50,7 +56,7 @@ function controls(td, name) {
     input.placeholder = hint;
     input.title = field;
     inputs[field] = input;
-    td.appendChild(input);
+    fields.appendChild(input);
   }
   for (const action of ["set", "pause", "resume", "unset"]) {
     const button = document.createElement("button");
@@ -62,7 +68,7 @@ function controls(td, name) {
       for (const [field, input] of Object.entries(inputs)) if (input.value) body[field] = input.value;
       post(action, name, body);
     });
-    td.appendChild(button);
+    buttons.appendChild(button);
   }
 }
 
@@ -88,8 +94,8 @@ function describeOverride(o) {
   if (o.capacity) parts.push(`capacity ${o.capacity}`);
   if (o.concurrency) parts.push(`concurrency ${o.concurrency}`);
   if (o.paused) parts.push("PAUSED");
-  const at = new Date(o.at * 1000).toLocaleTimeString();
-  const until = o.expires_at ? `, until ${new Date(o.expires_at * 1000).toLocaleTimeString()}` : "";
+  const at = utc(o.at);
+  const until = o.expires_at ? `, until ${utc(o.expires_at)}` : "";
   return `${parts.join(", ")} — by ${o.by} at ${at}${until}`;
 }
 
@@ -103,7 +109,9 @@ function showState(state) {
   for (const f of state.funnels) {
     const c = row(f.name).cells_;
     c.name.textContent = f.name;
-    c.code.textContent = f.code.map((x) => `${x.rate} (capacity ${x.capacity}, ${x.strategy})`).join("; ");
+    const code = f.code.map((x) => `${x.limit ? `${x.limit}: ` : ""}${x.rate} (capacity ${x.capacity}, ${x.strategy})`);
+    if (f.concurrency) code.push(`${f.concurrency} at once`);
+    c.code.textContent = code.join("; ");
     c.override.textContent = describeOverride(f.override);
     c.override.className = f.override && f.override.paused ? "paused" : "override";
     const level = f.level || {};
@@ -147,8 +155,10 @@ function chart(name) {
   const options = {
     width: 500, height: 180,
     scales: { x: { time: true } },
+    // UTC and 24-hour, as the CLI (uPlot's default: local time, 12-hour)
+    axes: [{ values: (u, splits) => splits.map((s) => new Date(s * 1000).toISOString().slice(11, 19)) }, {}],
     series: [
-      {},
+      { value: (u, v) => (v === null || v === undefined ? "–" : utc(v)) },
       { label: "admitted/s", stroke: "#2e7d32", width: 1.5 },
       { label: "deferred/s", stroke: "#ef6c00", width: 1 },
     ],
@@ -194,7 +204,7 @@ async function refresh() {
     showSeries();
     window.cfDashboard.updates += 1;
     if (!document.getElementById("status").classList.contains("error")) {
-      setStatus(`updated ${new Date().toLocaleTimeString()}`, false);
+      setStatus(`updated ${utc(Date.now() / 1000)}`, false);
     }
   } catch (error) {
     setStatus(`cannot read the funnels: ${error}`, true);

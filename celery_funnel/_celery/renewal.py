@@ -1,15 +1,14 @@
-"""The leases of one app in one process: the ones this worker's gate took, renewed by
-one thread in one call per interval, and given back when their runs end.
+"""The renewal service: the leases of one app in one process, the ones this worker's
+gate took, renewed by one thread in one call per interval, and freed when their runs
+end (the gate is handed ``leases_for`` by ``_celery.services``).
 
-Where a run's end is seen: ``task_postrun`` in the process that ran the body (a pool
-child under prefork: it reads the lease from the run's header), for success, failure,
-retry, ``Reject``, ``Ignore`` and the soft time limit; ``task_failure`` and
-``task_revoked`` in the worker's main process for a hard time limit, a pool process
-lost, a revoke with terminate, or a revoke before the run started. Each tick of the
-renewer also gives back the leases of requests the worker no longer knows (an ending
-no signal reported), and a warm shutdown gives back whatever is still held. A lease
-given back twice is given back once (task id and token). Slots freed go to the
-oldest parked waiters, which the freeing process publishes at once (``hand_on``).
+Where a run's end is seen is ``_celery.renewal_signals``'. Each tick of the renewer
+also frees the leases of requests the worker no longer knows (an ending no signal
+reported), and a warm shutdown frees whatever is still held. A lease
+given back twice is given back once (task id and token). A give-back that fails (the
+funnels' Redis down) is tried again every second by the same thread until it works,
+so a slot returns when Redis does, not a TTL later. Slots freed go to the oldest
+parked waiters, which the freeing process publishes at once (``hand_on``).
 """
 
 from __future__ import annotations
@@ -17,22 +16,22 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from celery import signals
 from celery.worker import state as worker_state
 
 from .._config.runtime import runtime_for
+from .._gate.state import HEADER
 from .._limiter.errors import BackendError
 from .._limiter.keys import hash_tag
 from .._stores.leases import Handed, Lease, LeaseStore, SlotFunnel, header_of
-from .._stores.park import ParkStore, Release
-from .publish import publish
-from .state import HEADER
+from .._stores.park import Release
+from .release import publish
 
-__all__ = ["Leases", "alive", "connect", "leases_for"]
+__all__ = ["ATTRIBUTE", "Leases", "alive", "leases_for"]
 
 logger = logging.getLogger("celery_funnel")
 ATTRIBUTE = "_celery_funnel_leases"
@@ -45,15 +44,17 @@ class Leases:
     def __init__(self, app: Any, worker: str = "") -> None:
         runtime = runtime_for(app)
         settings = runtime.settings
-        client = runtime.funnel.client  # type: ignore[attr-defined]
+        client = runtime.funnel.client
         self.app, self.worker, self.pid = app, worker, os.getpid()
         self.store = LeaseStore(client, settings.key_prefix, settings.lease_ttl)
-        self.parked = ParkStore(client, settings.key_prefix)
         self.park_lease = settings.park_lease
-        self.interval = settings.lease_ttl / 3
+        self.interval, self.ttl = settings.lease_ttl / 3, settings.lease_ttl
         # task id -> the lease this process's gate took, and its request (weakly)
         self._held: dict[str, tuple[Lease, Callable[[], Any]]] = {}
         self._funnels: dict[str, SlotFunnel] = {}  # swept at each renewal
+        # (task id, token) -> a lease whose give-back failed, and until when (monotonic
+        # s) one that may not exist yet (its taking timed out) is looked for
+        self._owed: dict[tuple[str, str], tuple[Lease, float]] = {}
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
@@ -69,10 +70,14 @@ class Leases:
         with self._lock:
             for slot_funnel in slot_funnels:
                 self._funnels[slot_funnel.key] = slot_funnel
-            if self._thread is None and not self._stopped.is_set():
-                self._thread = threading.Thread(target=self._run, name="celery-funnel-leases")
-                self._thread.daemon = True
-                self._thread.start()
+            self._start()
+
+    def _start(self) -> None:
+        """Start the thread (under the lock), once."""
+        if self._thread is None and not self._stopped.is_set():
+            self._thread = threading.Thread(target=self._run, name="celery-funnel-leases")
+            self._thread.daemon = True
+            self._thread.start()
 
     def end(self, task_id: str, lease: Lease | None = None, *, force: bool = False) -> None:
         """A run of ``task_id`` ended: give its slots back (``lease``: from its header;
@@ -90,10 +95,46 @@ class Leases:
             return
         try:
             self.hand_on(self.store.release(lease.slot_funnels, task_id, lease.token)[1])
-        except Exception as error:  # the lease then runs out: the slot returns later
+        except Exception as error:  # tried again each second (or it runs out after its TTL)
             logger.warning(
-                "celery-funnel: could not give back the slot of task %s: %r", task_id, error
-            )
+                "celery-funnel: could not give back the slot of task %s (tried again): %r",
+                task_id, error,
+            )  # fmt: skip
+            with self._lock:
+                self._owed[task_id, lease.token] = (lease, 0.0)
+                self._start()
+
+    def owe(self, lease: Lease) -> None:
+        """Taking ``lease`` timed out: the call may have run (its reply lost, or sent
+        late over a network that hung) and hold slots no run will give back. Give it
+        back as soon as Redis answers, and for a TTL after, should the call come late
+        (giving back a lease that does not exist does nothing)."""
+        with self._lock:
+            self._owed[lease.task_id, lease.token] = (lease, time.monotonic() + self.ttl)
+            self._start()
+
+    def _pay_owed(self) -> None:
+        """Give back the leases whose give-back failed, as long as it works.
+
+        Raises:
+            BackendError: when Redis fails (the rest are tried again later).
+        """
+        with self._lock:
+            owed = list(self._owed.items())
+        for key, (lease, look_until) in owed:
+            task_id = lease.task_id
+            try:
+                given, handed = self.store.release(lease.slot_funnels, task_id, lease.token)
+                self.hand_on(handed)
+                if not given and time.monotonic() < look_until:
+                    continue  # not taken (yet): looked for again at the next tick
+            except BackendError:
+                raise  # Redis fails still: all of them later
+            except Exception as error:  # not Redis: the lease runs out after its TTL
+                logger.warning("celery-funnel: giving back the slot of task %s failed: %r",
+                               task_id, error)  # fmt: skip
+            with self._lock:
+                self._owed.pop(key, None)
 
     def hand_on(self, handed: list[Handed]) -> None:
         """Publish the parked waiters ``handed`` a slot, each saying where (a waiter
@@ -109,9 +150,8 @@ class Leases:
             for slot_funnel, task_id in handed:
                 where.setdefault(task_id, []).append(slot_funnel)
             missing, releases = self.store.wake(list(where), self.park_lease)
-            for release in releases:
+            for release in releases:  # the entry goes when a worker accepts the copy
                 publish(self.app, _promised(release, where[release.task_id]))
-                self.parked.done(release)
             handed = []
             for task_id in missing:
                 handed += self.store.release(where[task_id], task_id, "")[1]
@@ -119,7 +159,8 @@ class Leases:
     def tick(self) -> None:
         """Renew every lease held, give back those of runs the worker forgot, sweep
         the known funnels, and publish the waiters handed a slot: one call (one per
-        hash tag on a Redis Cluster)."""
+        hash tag on a Redis Cluster). The give-backs that failed go first."""
+        self._pay_owed()
         with self._lock:
             held = list(self._held.values())
             funnels = list(self._funnels.values())
@@ -156,11 +197,11 @@ class Leases:
         return list(groups.values())
 
     def _run(self) -> None:
-        pause = self.interval
+        pause = ERROR_PAUSE_SECONDS if self._owed else self.interval
         while not self._stopped.wait(pause):
             try:
                 self.tick()
-                pause = self.interval
+                pause = ERROR_PAUSE_SECONDS if self._owed else self.interval
             except Exception as error:  # tried again soon; the leases last the TTL
                 level = logging.INFO if isinstance(error, BackendError) else logging.ERROR
                 logger.log(level, "celery-funnel: renewing leases failed: %r", error)
@@ -201,49 +242,3 @@ def leases_for(app: Any, worker: str = "") -> Leases:
         leases = Leases(app, worker)
         setattr(app, ATTRIBUTE, leases)
     return leases
-
-
-def _of(task: Any) -> Leases | None:
-    """The task's app's ``Leases``, when the app uses concurrency limits here."""
-    app = getattr(task, "app", None)
-    if app is None or not runtime_for(app).installed or ATTRIBUTE not in app.__dict__:
-        return None
-    return leases_for(app)
-
-
-def _lease_in(task: Any, task_id: str) -> Lease | None:
-    request = getattr(task, "request", None)
-    header = getattr(request, HEADER, None) or (getattr(request, "headers", None) or {}).get(HEADER)
-    return Lease.from_header(task_id, header)
-
-
-def _on_postrun(sender: Any = None, task_id: str = "", **_: Any) -> None:
-    lease = _lease_in(sender, task_id)
-    if lease is not None and runtime_for(sender.app).installed:
-        leases_for(sender.app).end(task_id, lease)
-
-
-def _on_failure(sender: Any = None, task_id: str = "", **_: Any) -> None:
-    leases = _of(sender)
-    if leases is not None:
-        leases.end(task_id)
-
-
-def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
-    leases = _of(sender)
-    task_id = getattr(request, "id", None)
-    if leases is not None and task_id:
-        leases.end(task_id)
-
-
-def connect() -> None:
-    """Connect the receivers that give slots back (once per process)."""
-    signals.task_postrun.connect(
-        _on_postrun, dispatch_uid="celery_funnel.lease_postrun", weak=False
-    )
-    signals.task_failure.connect(
-        _on_failure, dispatch_uid="celery_funnel.lease_failure", weak=False
-    )
-    signals.task_revoked.connect(
-        _on_revoked, dispatch_uid="celery_funnel.lease_revoked", weak=False
-    )

@@ -1,6 +1,7 @@
-"""A lean way to a connection the worker gate keeps for itself (``_inflight``): calls
-packed by redis-py's own packer and written in one system call, replies read with one
-read per wake-up of the event loop and parsed by hiredis.
+"""A lean way to a connection the worker gate keeps for itself
+(``_gate.inflight_connection``): calls packed by redis-py's own packer and written in one
+system call, replies read with one read per wake-up of the event loop and parsed by
+hiredis.
 
 redis-py's connection, for the same reply, polls the socket (``can_read``), then reads
 it through its parser's buffer: two system calls and their Python per reply, about 8 us

@@ -1,4 +1,4 @@
-"""How one run's charges are decided against the store (``decide``): each funnel
+"""How one run's charges (``charges``) are decided against the store (``decide``): each funnel
 charged exactly once per run of the task.
 
 GCRA funnels whose keys may meet in one script (any standalone Redis; one hash tag on a
@@ -12,46 +12,29 @@ ones already passed are remembered in the task's header and not charged again.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
 from .._config.runtime import Runtime
-from .._limiter.fair import Fair
 from .._limiter.keys import hash_tag
-from .._limiter.limit import Limit, Verdict, check_all
-from .._limiter.strategies.reservation import DEFAULT_EARLY_SECONDS, Shape
+from .._limiter.limit import Verdict, check_all
+from .._limiter.strategies import capabilities
+from .._limiter.strategies.reservation import DEFAULT_EARLY_SECONDS, ReserveOp, Shape
+from .charges import Charge
 from .state import State
 
 if TYPE_CHECKING:
     from .._limiter.backends.base import Funnel
 
-__all__ = ["Charge", "FairAdmit", "decide", "joint", "label_of", "lead"]
+__all__ = ["FairAdmit", "decide", "joint", "lead"]
 
 LEAD_SECONDS = 0.005  # the most a held task comes back before its slot; see lead
 
 
-@dataclass(frozen=True)
-class Charge:
-    """One funnel a run of a task pays: ``cost`` units of ``limit`` on ``key``;
-    ``label`` names it in signals and logs (the task name, or ``limit:<pattern>``)."""
-
-    limit: Limit
-    key: str
-    cost: int
-    label: str
-    fair: Fair | None = None  # its tenant, on a fair-share funnel (_fair)
-
-
-def label_of(charges: Sequence[Charge]) -> str:
-    """The funnels' names, joined: what a deferral by all of them reports."""
-    return "+".join(dict.fromkeys(charge.label for charge in charges))
-
-
 def joint(runtime: Runtime, charges: Sequence[Charge]) -> bool:
-    """Whether the charges can be decided in one script: GCRA only, and on a Redis
+    """Whether the charges can be decided in one script: every strategy ``joint``, and on a Redis
     Cluster one hash tag for every key."""
-    if any(charge.limit.strategy != "gcra" for charge in charges):
+    if not all(capabilities(charge.limit.strategy).joint for charge in charges):
         return False
     client = getattr(runtime.funnel, "client", None)
     if client is None or "Cluster" not in type(client).__name__:
@@ -99,15 +82,14 @@ def _book(
         Shape(c.key, c.limit.capacity - 1, c.limit.rate.count, c.limit.rate.period, c.cost)
         for c in charges
     ]
-    r = funnel.reserve_all(
-        shapes, ticket=ticket[0], redeem=redeem, late=_late(charges, state.stale),
-        max_wait=max_wait, rank=ticket[1],
-    )  # fmt: skip
+    late = _late(charges, state.stale)
+    op = ReserveOp(shapes, ticket[0], redeem, max_wait, None, late, None, ticket[1])
+    r = funnel.decide([op])[0]
     return Verdict(r.admitted, max(r.delay, 0.0), r.booked, r.never, r.stale)
 
 
 FairAdmit = Callable[[Charge, int], Verdict]
-"""The worker gate's step on a fair-share charge (``_fair_gate.admit``): the charge and
+"""The worker gate's step on a fair-share charge (``_gate.fair.admit``): the charge and
 how often its ticket came too late."""
 
 
@@ -144,7 +126,7 @@ def decide(
     ``booking``: the ticket to book under (None: admit now or refuse) and its priority
     rank (None: none); ``max_wait``: book no slot further away (seconds; None: no
     bound); ``fair``: the step on a fair-share charge (None: decided as any other);
-    ``funnel``: the store to decide on (None: the runtime's; ``_inflight`` passes one
+    ``funnel``: the store to decide on (None: the runtime's; ``_gate.inflight`` passes one
     that records or replays).
 
     Raises:
@@ -189,7 +171,7 @@ def _step(
     charge: Charge, ticket: Ticket | None, state: State, redeem: bool, max_wait: float | None
 ) -> Callable[[Funnel], Verdict]:
     """One charge's decision, on any store: booked under ``ticket`` (GCRA), else plain."""
-    if ticket is not None and charge.limit.strategy == "gcra":
+    if ticket is not None and capabilities(charge.limit.strategy).books:
         return partial(
             _book, charges=[charge], ticket=ticket, state=state, redeem=redeem, max_wait=max_wait
         )

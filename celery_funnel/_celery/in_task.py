@@ -1,0 +1,102 @@
+"""The gate of the runs the worker gate did not admit (``FunnelTask.before_start``):
+eager runs with ``funnel_throttle_eager``, and workers without the gate. It calls the
+same gate core (``_gate.judge``); a refused run waits as the wait policy says
+(``WaitPolicy.in_task``): slept in place (eager, or too short to publish), else
+published again for the time the funnel names, with everything it was sent with
+(``_gate.publish``), the current run ending with ``Ignore``."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from celery.exceptions import Ignore
+
+from .._config.options import dry_run_of, policy_of
+from .._config.runtime import Runtime, runtime_for
+from .._config.waiting import Way
+from .._gate.charges import label_of
+from .._gate.copies import CopyGuard, new_token
+from .._gate.judge import Ruling, Subject, judge, report_wait
+from .._gate.publish import republish
+from .._gate.state import State, admitted_by_gate, requeued
+from .._limiter.errors import BackendError
+
+__all__ = ["decide", "defer"]
+
+logger = logging.getLogger("celery_funnel")
+
+
+def decide(task: Any, task_id: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    """The funnels' decision on the run of ``task`` (a ``FunnelTask``) starting now:
+    returns when it may run, raises what fails it, or defers it (``defer``)."""
+    request = task.request
+    runtime = runtime_for(task.app)
+    if request.called_directly or (request.is_eager and not runtime.settings.throttle_eager):
+        return
+    headers = request.headers or {}
+    if admitted_by_gate(headers):
+        return  # this worker's gate admitted the run, over every funnel: paid once
+    if not task._funnel_limits():
+        return
+    charges = task._funnel_charges(runtime, args, kwargs)
+    subject = Subject(
+        task.name,
+        task_id,
+        policy_of(task, runtime.settings.on_backend_error),
+        dry_run_of(task, runtime.settings.dry_run),
+        eager=bool(request.is_eager),
+    )
+    state = State.from_headers(headers)
+    while True:
+        step = judge(runtime, subject, charges, state)
+        if step.run:
+            return
+        if step.error is not None:
+            raise step.error
+        if runtime.waiting.in_task(step.delay, eager=bool(request.is_eager)) is Way.PUBLISH:
+            defer(task, runtime, subject, label_of(charges), args, kwargs, step)
+        # eager mode (throttled on purpose), or under a second on a broker that
+        # delays by whole seconds only: wait in place, then redeem the slot
+        report_wait(runtime, subject, label_of(charges), step, requeued=False)
+        time.sleep(step.delay)
+        state = step.state
+
+
+def defer(
+    task: Any,
+    runtime: Runtime,
+    subject: Subject,
+    label: str,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    step: Ruling,
+) -> None:
+    """Publish the run of ``task`` again for ``step.delay`` (capped), as a new copy
+    recorded first (``_gate.copies``), and end this one (raises ``Ignore``). Where the
+    funnels' Redis cannot record it, the copy carries the run's own token: it then goes
+    on as this run's message would, delivered again."""
+    request = task.request
+    countdown = runtime.countdowns.countdown(step.delay)
+    report_wait(
+        runtime, subject, label, step, requeued=True,
+        send_event=task.send_event if runtime.observer.events else None,
+    )  # fmt: skip
+    token = new_token()
+    try:
+        moved = CopyGuard(runtime).move(request, step.state, token)
+    except BackendError as error:
+        logger.warning("celery-funnel: task %s[%s]: the copy deferred is not recorded (%s)",
+                       task.name, request.id, error)  # fmt: skip
+        moved, token = True, step.state.release
+    properties = request.properties or {}
+    if moved:
+        republish(
+            task, request, args, kwargs, countdown=countdown,
+            state={**requeued(step.state, countdown), "release": token},
+            content_type=properties.get("content_type"),
+        )  # fmt: skip
+    runtime.observer.quiet_ignored(request.id)
+    raise Ignore()

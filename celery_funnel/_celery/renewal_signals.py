@@ -1,0 +1,68 @@
+"""The signal receivers that free a run's seats when it ends (the renewal service's,
+``_celery.renewal``), connected by ``_celery.services`` where seats are taken.
+
+Where a run's end is seen: ``task_postrun`` in the process that ran the body (a pool
+child under prefork: it reads the lease from the run's header), for success, failure,
+retry, ``Reject``, ``Ignore`` and the soft time limit; ``task_failure`` and
+``task_revoked`` in the worker's main process for a hard time limit, a pool process
+lost, a revoke with terminate, or a revoke before the run started.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import signals
+
+from .._config.runtime import runtime_for
+from .._gate.state import HEADER
+from .._stores.leases import Lease
+from .renewal import ATTRIBUTE, Leases, leases_for
+
+__all__ = ["connect"]
+
+
+def _of(task: Any) -> Leases | None:
+    """The task's app's ``Leases``, when the app uses concurrency limits here."""
+    app = getattr(task, "app", None)
+    if app is None or not runtime_for(app).installed or ATTRIBUTE not in app.__dict__:
+        return None
+    return leases_for(app)
+
+
+def _lease_in(task: Any, task_id: str) -> Lease | None:
+    request = getattr(task, "request", None)
+    header = getattr(request, HEADER, None) or (getattr(request, "headers", None) or {}).get(HEADER)
+    return Lease.from_header(task_id, header)
+
+
+def _on_postrun(sender: Any = None, task_id: str = "", **_: Any) -> None:
+    lease = _lease_in(sender, task_id)
+    if lease is not None and runtime_for(sender.app).installed:
+        leases_for(sender.app).end(task_id, lease)
+
+
+def _on_failure(sender: Any = None, task_id: str = "", **_: Any) -> None:
+    leases = _of(sender)
+    if leases is not None:
+        leases.end(task_id)
+
+
+def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
+    leases = _of(sender)
+    task_id = getattr(request, "id", None)
+    if leases is not None and task_id:
+        leases.end(task_id)
+
+
+def connect() -> None:
+    """Connect the receivers that free seats (once per process)."""
+    signals.task_postrun.connect(
+        _on_postrun, dispatch_uid="celery_funnel.lease_postrun", weak=False
+    )
+    signals.task_failure.connect(
+        _on_failure, dispatch_uid="celery_funnel.lease_failure", weak=False
+    )
+    signals.task_revoked.connect(
+        _on_revoked, dispatch_uid="celery_funnel.lease_revoked", weak=False
+    )

@@ -1,0 +1,84 @@
+"""The copies of a task: which copy of a task may go on, when the worker gate or a
+releaser made more than one (``copy_accept.lua``, ``copy_move.lua``, ``_parked.lua``).
+
+Every time a task moves (published again for a later time, parked, released), the
+message it moved from and the one it moved to may both exist for a moment: the broker
+keeps an un-acked message until it is acked, and an ack can be lost with its worker.
+Each copy the gate or a releaser makes carries a token (the ``release`` field of the
+``celery_funnel`` header), and the record of its task says which copies may go on:
+the one accepted, else the first accepted of those published. A copy is checked when it
+arrives carrying a token, or when the broker delivers a message again; a message as
+first sent, delivered once, goes on without a check (nothing copied it yet).
+
+The records live beside the parked tasks (one hash tag), for ``KEEP_SECONDS`` after
+their last change; a copy arriving after its record expired goes on (the record is
+made again, so that a second copy arriving later is dropped).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .._limiter.scripts import RedisClient
+from .store import ParkedStore
+
+__all__ = ["KEEP_SECONDS", "Copies"]
+
+US = 1_000_000
+KEEP_SECONDS = 3600.0  # records of copies settled this long ago are forgotten
+BATCH = 500  # runs recorded per call
+
+
+class Copies(ParkedStore):
+    """The copies' records of one app's tasks, in the funnels' Redis (``client``),
+    under ``prefix`` (``funnel_key_prefix``).
+
+    Raises (every method): ``BackendError`` when Redis fails.
+    """
+
+    what = "the copies of tasks"
+
+    def __init__(self, client: RedisClient, prefix: str) -> None:
+        super().__init__(client, prefix)
+        self._accept, self._move, self._ran = map(
+            self.parked_script, ("copy_accept", "copy_move", "copy_ran")
+        )
+
+    def accept(
+        self,
+        task_id: str,
+        token: str,
+        origin: str = "",
+        *,
+        drop: bool = False,
+        redelivered: bool = False,
+    ) -> bool:
+        """A worker received copy ``token`` ("" for the message as first sent) of task
+        ``task_id``: True when it goes on (it is the accepted copy now), False to drop
+        it. ``origin``: what tells copies of one message from another message given the
+        same id (``_gate.publish.origin``). ``drop``: the task was revoked; settle its
+        record and let no copy go on. ``redelivered``: the broker delivered it again."""
+        flag = "drop" if drop else ""
+        keep = round(KEEP_SECONDS * US)
+        again = "1" if redelivered else "0"
+        reply = self._script(self._accept, self.keys, task_id, token, flag, origin, keep, again)
+        return bool(reply[0])
+
+    def ran(self, runs: Iterable[tuple[str, str]]) -> int:
+        """Runs started from these copies (task id, token) whose acks may not have
+        reached the broker: the broker delivering those messages again is dropped.
+        Returns how many it recorded (not those whose accepted copy is another by now)."""
+        args = [item for run in runs for item in run]
+        return sum(
+            int(self._script(self._ran, self.keys, *args[start : start + 2 * BATCH])[0])
+            for start in range(0, len(args), 2 * BATCH)
+        )
+
+    def move(self, task_id: str, held: str, new: str, origin: str = "") -> bool:
+        """Record that copy ``new`` of task ``task_id`` is about to be published by the
+        worker that holds copy ``held``: True to publish it (then ack the one held),
+        False when the one held is stale (drop it, publish nothing)."""
+        reply = self._script(
+            self._move, self.keys, task_id, held, new, origin, round(KEEP_SECONDS * US)
+        )
+        return bool(reply[0])

@@ -1,0 +1,104 @@
+"""Allowances (``funnel_allowance = True``; off by default) on real workers and a real
+Redis (issue 44): 4 ``celery worker`` processes on one 200/s funnel of capacity 40 (k =
+10), tasks offered first below the rate (the funnel far from full: runs admitted on
+units, fewer calls than runs), then all at once (near full: every run decided alone).
+The most starts in any window stays within the bound docs/semantics.md states, rate x w
++ capacity + k x workers. A 20/s funnel (k = 1) is decided run by run, exactly as
+before."""
+
+from __future__ import annotations
+
+import json
+import time
+from functools import partial
+from typing import Any
+
+import pytest
+import redis
+
+from celery_funnel._limiter.rate import Rate
+from celery_funnel._limiter.strategies.allowance import units
+from celery_funnel.testing import CeleryWorkers, RedisServer, peak
+from tests.integration.conftest import ROOT
+from tests.integration.proj import close_app, make_app, runs
+from tests.polling import wait_for
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+RATE, CAPACITY, WORKERS = Rate.parse("200/s"), 40, 4
+K = units(RATE, CAPACITY)
+STEADY, FLOOD = 600, 1200  # runs offered at 150/s, then at once
+
+
+def _evalsha(client: redis.Redis) -> int:
+    stats: dict[str, Any] = client.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def _ran(client: redis.Redis, count: int) -> bool:
+    return int(client.llen("runs")) >= count
+
+
+def _offer(app: Any, count: int, per_second: float | None) -> None:
+    with app.producer_or_acquire() as producer:
+        start = time.monotonic()
+        for n in range(count):
+            if per_second is not None:
+                time.sleep(max(0.0, start + n / per_second - time.monotonic()))
+            app.tasks["proj.plain"].apply_async((n,), producer=producer)
+
+
+def _run(
+    url: str, limit: dict[str, Any], workers: int, offers: list[tuple[int, float | None]]
+) -> tuple[list[float], list[int]]:
+    """``workers`` real workers on ``proj.plain`` under ``limit``, offered each
+    ``(count, per second)`` in turn (None: at once), each waited for: the starts, and
+    the script calls each offer made."""
+    limits = {"proj.plain": limit}
+    env = {
+        "FUNNEL_TEST_BROKER": url,
+        "FUNNEL_TEST_REDIS": url,
+        "FUNNEL_TEST_LIMITS": json.dumps(limits),
+        "FUNNEL_TEST_CONF": json.dumps({"funnel_allowance": True}),
+    }  # off by default
+    app = make_app(url, url, funnel_limits=limits)
+    client = redis.Redis.from_url(url)
+    calls, total = [], 0
+    try:
+        with CeleryWorkers(
+            "tests.integration.proj", workers, env, "-c", "2", "-Q", "proj", cwd=ROOT
+        ):
+            for count, per_second in offers:
+                before, total = _evalsha(client), total + count
+                _offer(app, count, per_second)
+                wait_for(partial(_ran, client, total), timeout=30 + count / 20)
+                calls.append(_evalsha(client) - before)
+        recorded = runs(url)
+    finally:
+        client.close()
+        close_app(app)
+    assert len({r["id"] for r in recorded}) == len(recorded) == total  # each ran once
+    return [r["at"] for r in recorded], calls
+
+
+def test_starts_stay_within_the_allowance_bound_on_four_workers(broker: RedisServer) -> None:
+    assert K == 10
+    limit = {"rate": "200/s", "capacity": CAPACITY}
+    starts, calls = _run(broker.url, limit, WORKERS, [(STEADY, 150.0), (FLOOD, None)])
+    steady_calls = calls[0]
+    assert steady_calls < STEADY, "no run was admitted on a unit held"
+    for window in (0.25, 1.0, 5.0):
+        bound = RATE.per_second * window + CAPACITY + K * WORKERS
+        most = peak(starts, window)
+        print(f"window {window} s: most starts {most}, bound {bound:g}; calls while"
+              f" steady {steady_calls} for {STEADY} runs")  # fmt: skip
+        assert most <= bound, (window, most, bound)
+
+
+def test_a_funnel_under_40_a_second_is_decided_run_by_run(broker: RedisServer) -> None:
+    """20/s (k = 1): no allowance; every run has its own call, and the most starts in
+    any second is the exact funnel's (rate + capacity)."""
+    assert units(Rate.parse("20/s"), 1) <= 1
+    starts, calls = _run(broker.url, {"rate": "20/s", "capacity": 1}, 2, [(60, None)])
+    assert calls[0] >= 60
+    assert peak(starts, 1.0) <= 21
