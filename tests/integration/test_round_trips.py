@@ -41,24 +41,32 @@ class Monitor:
     """The commands clients send to a Redis, in a thread, until stopped (script calls
     made inside EVALSHA are left out: they are not round trips)."""
 
+    STOP = "monitor: stop"
+
     def __init__(self, url: str) -> None:
         # no read timeout: a timed-out read drops a MONITOR connection (redis-py), and
-        # a limited task leaves gaps; __exit__ wakes the reader with a command of its own
+        # a limited task leaves gaps; __exit__ ends the reading with a command of its
+        # own, read after every command sent before it (a reader that lags behind
+        # under load still records them all)
         self.client = redis.Redis.from_url(url)
+        self.stopper = redis.Redis.from_url(url)
+        self.stopper.ping()  # connected now: its handshake is not recorded
         self.commands: list[list[str]] = []
         self.clients: list[str] = []  # the connection (address:port) of each command
-        self._stop = threading.Event()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         with self.client.monitor() as monitor:
             self._ready.set()
-            while not self._stop.is_set():
+            while True:
                 got: dict[str, Any] = monitor.next_command()
-                if got.get("client_type") != "lua" and not self._stop.is_set():
-                    self.commands.append(str(got["command"]).split())
-                    self.clients.append(f"{got.get('client_address')}:{got.get('client_port')}")
+                if got.get("client_type") == "lua":
+                    continue
+                if str(got["command"]) == f"ECHO {self.STOP}":
+                    return
+                self.commands.append(str(got["command"]).split())
+                self.clients.append(f"{got.get('client_address')}:{got.get('client_port')}")
 
     def __enter__(self) -> Monitor:
         self._thread.start()
@@ -66,9 +74,10 @@ class Monitor:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self.client.echo("monitor: stop")
-        self._thread.join(5)
+        self.stopper.echo(self.STOP)
+        self._thread.join(30)
+        assert not self._thread.is_alive(), "MONITOR never read its stop"
+        self.stopper.close()
         self.client.close()
 
 
