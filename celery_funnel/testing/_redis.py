@@ -121,6 +121,12 @@ class RedisServer:
     def version(self) -> str:
         return server_version(self.binary)
 
+    @property
+    def directory(self) -> Path:
+        """The server's data directory (its append-only file, its log), removed by
+        ``stop()``."""
+        return Path(self._dir.name)
+
     def start(self, timeout: float = 10.0) -> RedisServer:
         """Start the server and wait until it answers PING."""
         args = [

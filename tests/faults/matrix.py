@@ -54,16 +54,17 @@ def row(case: Case, outcomes: list[Outcome]) -> str:
     each = " ".join(f"{o.lost}/{o.twice}/{o.exits}" + ("" if o.finished else "!") for o in outcomes)
     sent, lost = sum(o.sent for o in outcomes), sum(o.lost for o in outcomes)
     twice, exits = sum(o.twice for o in outcomes), sum(o.exits for o in outcomes)
-    seconds = sum(o.seconds for o in outcomes)
+    seconds, popped = sum(o.seconds for o in outcomes), sum(o.popped_lost for o in outcomes)
     return (
-        f"| {case.name} | {len(outcomes)} | {sent} | {lost} | {twice} | {exits} | {each} "
-        f"| {seconds:.0f} |"
+        f"| {case.name} | {len(outcomes)} | {sent} | {lost} | {popped} | {twice} | {exits} "
+        f"| {each} | {seconds:.0f} |"
     )
 
 
 HEADER = (
-    "| case | runs | tasks | lost | twice | exits | per run (lost/twice/exits) | seconds |\n"
-    "| --- | --- | --- | --- | --- | --- | --- | --- |"
+    "| case | runs | tasks | lost | of which popped as the broker died | twice | exits "
+    "| per run (lost/twice/exits) | seconds |\n"
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 )
 
 

@@ -24,6 +24,7 @@ from kombu.entity import Queue
 from celery_funnel._limiter.keys import parked_keys
 from celery_funnel._stores.park import ParkStore
 from celery_funnel.testing import RedisServer
+from tests.faults.aof import Fate, fates, read_commands
 from tests.faults.cases import Case
 from tests.faults.proj import FaultConf
 from tests.faults.proxy import Proxy
@@ -110,6 +111,19 @@ class Rig:
                 return sum(int(n) for n in pipe.execute())
         except redis.RedisError:  # killed right now
             return None
+
+    def broker_fates(self, ids: set[str]) -> dict[str, Fate]:
+        """What the broker's append-only file says of each of ``ids`` (a Redis broker
+        with AOF; nothing otherwise); the file is copied to the log directory."""
+        if self.broker is None or "aof" not in self.case.broker:
+            return {}
+        commands = read_commands(self.broker.directory)
+        keep = self.logdir / "broker-aof"
+        shutil.rmtree(keep, ignore_errors=True)
+        shutil.copytree(self.broker.directory, keep, ignore=shutil.ignore_patterns("*.rdb"))
+        queues = {self.queue, *(f"{self.queue}{PRIORITY_SEP}{p}" for p in PRIORITIES)}
+        every = fates(commands, queues)
+        return {task_id: every.get(task_id, Fate()) for task_id in ids}
 
     def broker_state(self) -> dict[str, int | None]:
         """What a Redis broker holds: queued, un-acked, and the seconds left on kombu's

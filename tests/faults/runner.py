@@ -54,6 +54,7 @@ class Outcome:
     seconds: float
     finished: bool  # False: the deadline came first
     logdir: str
+    popped_lost: int = 0
 
 
 class _Driver:
@@ -148,16 +149,19 @@ def run_case(case: Case, logdir: Path, *, load: int = 0) -> Outcome:
         lost = ids - set(tally)
         parking = rig.park_states(lost) if lost and not case.celery_only else {}
         broker = rig.broker_state() if lost else {}
+        fate = rig.broker_fates(lost) if lost else {}
     outcome = Outcome(
         case=case.name, sent=len(ids), runs=sum(tally.values()), lost=len(ids) - len(tally),
         twice=sum(n - 1 for n in tally.values()), exits=workers.exits(), kills=workers.kills(),
         seconds=round(time.monotonic() - began, 1), finished=finished, logdir=str(logdir),
+        popped_lost=sum(f.lost_at_a_pop for f in fate.values()),
     )  # fmt: skip
     detail = {
         **asdict(outcome),
         "lost_ids": sorted(lost),
         "lost_in_parking": parking,  # what the parked-task store says of each
         "broker_at_the_end": broker,
+        "in_the_brokers_file": {i: asdict(f) for i, f in fate.items()},
         "twice_runs": records,
     }
     (logdir / "outcome.json").write_text(json.dumps(detail, indent=1))

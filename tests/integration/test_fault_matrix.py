@@ -3,8 +3,10 @@ prints the table): real servers and two real ``celery worker`` processes of two 
 processes, the faults made for real (a network partition through a proxy, workers and
 Redis servers SIGKILLed, RabbitMQ cut off), counted from the tasks' own run records.
 Every case asserts that no task was lost, none ran twice and no worker exited on its
-own. The plain-Celery baseline rows (Celery itself loses tasks under some of these
-faults) are in the matrix only."""
+own; the one loss allowed is one the broker's append-only file shows was kombu's: a
+message taken off the queue in the instant the broker's Redis was killed. The
+plain-Celery baseline rows (Celery itself loses tasks under some of these faults) are
+in the matrix only."""
 
 from __future__ import annotations
 
@@ -31,7 +33,12 @@ def test_fault(case: Case, tmp_path: Path, request: pytest.FixtureRequest) -> No
         request.getfixturevalue("amqp_url")  # skipped without RabbitMQ; fails under CI
     outcome = run_case(case, tmp_path)
     print(f"\nfault matrix: {outcome}")
-    assert (outcome.lost, outcome.twice, outcome.exits) == (0, 0, 0), (
-        f"lost/twice/exits: {outcome} (logs, events and task ids: {tmp_path})"
+    # a loss is allowed only where the broker's own file shows kombu's Redis transport
+    # took the message off its queue as the broker died, before any Celery code got it
+    # (tests/faults/aof.py; the same loss as plain Celery's, for any message)
+    lost_by_us = outcome.lost - outcome.popped_lost
+    assert (lost_by_us, outcome.twice, outcome.exits) == (0, 0, 0), (
+        f"lost (not at a pop)/twice/exits: {outcome} (logs, events, task ids and the "
+        f"broker's file: {tmp_path})"
     )
     assert outcome.finished, f"the run did not settle in time: {outcome}"
