@@ -50,7 +50,7 @@ def lease_rows(runtime: Runtime, client: Any, found: Found) -> list[dict[str, An
             row["holders"] = [
                 {
                     "task_id": h.task_id,
-                    "worker": h.worker or "(handed to a parked waiter)",
+                    "worker": h.worker or _handed_to(h.held_by),
                     "age": None if h.started is None else round(now - h.started, 3),
                     "lease_expiry": at(h.expires, now),
                     "lease_ends_in": round(h.expires - now, 3),
@@ -61,6 +61,11 @@ def lease_rows(runtime: Runtime, client: Any, found: Found) -> list[dict[str, An
             row["error"] = str(exc)
         rows.append(row)
     return rows
+
+
+def _handed_to(held_by: str) -> str:
+    """Who a slot handed to a waiter not yet arrived waits for."""
+    return f"(handed to a waiter held by {held_by})" if held_by else "(handed to a parked waiter)"
 
 
 def show_holders(ctx: click.Context, row: dict[str, Any]) -> None:

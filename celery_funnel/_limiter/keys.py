@@ -274,6 +274,13 @@ def handed_channel(prefix: str, node: str) -> str:
     return f"{prefix}{{{HANDED_TAG}}}{COMPANION_MARK}{safe_part(node or 'worker')}"
 
 
+def handed_worker(channel: str) -> str:
+    """The worker (as ``handed_channel`` wrote it) whose channel is ``channel``; "" for
+    a channel it did not make."""
+    _, tag, node = channel.rpartition(f"{{{HANDED_TAG}}}{COMPANION_MARK}")
+    return node if tag else ""
+
+
 def is_live_key(prefix: str, key: str | bytes) -> bool:
     """Whether ``key`` is one of live operation's keys under ``prefix``."""
     text = key.decode("ascii", "replace") if isinstance(key, bytes) else key

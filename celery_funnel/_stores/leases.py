@@ -27,7 +27,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from .._limiter.errors import BackendError
-from .._limiter.keys import lease_keys, parked_keys
+from .._limiter.keys import handed_worker, lease_keys, parked_keys
 from .._limiter.scripts import RedisClient, run_script
 from .park import Release, decode_message
 from .store import RedisStore, text
@@ -102,14 +102,16 @@ class Lease:
 @dataclass(frozen=True)
 class Holder:
     """One slot of a funnel, as ``celery funnel status`` shows it: held by a run of
-    ``task_id`` (``token``) on ``worker`` since ``started``, or handed to a parked
-    waiter (``token`` ""); the lease ends at ``expires`` (epoch seconds)."""
+    ``task_id`` (``token``) on ``worker`` since ``started``, or handed to a waiter
+    (``token`` ""): a parked one, or one held by worker ``held_by``; the lease ends at
+    ``expires`` (epoch seconds)."""
 
     task_id: str
     token: str
     worker: str
     started: float | None
     expires: float
+    held_by: str = ""
 
 
 @dataclass(frozen=True)
@@ -234,13 +236,20 @@ class LeaseStore(RedisStore):
         """Who holds the slots of concurrency funnel ``key``, oldest lease end first."""
         leases, info, _ = lease_keys(key)
         pairs = self._method("zrange", leases, 0, -1, withscores=True)
-        values = self._method("hmget", info, [i for i, _ in pairs]) if pairs else []
+        ids = [text(i) for i, _ in pairs]
+        # a slot handed to a held waiter keeps its mark ("<channel>|<until>") until taken
+        fields = [*ids, *(f"held:{i}" for i in ids)]
+        values = self._method("hmget", info, fields) if pairs else []
+        ends_at = [float(ends) / US for _, ends in pairs]
         found = []
-        for (task_id, ends), value in zip(pairs, values, strict=True):
+        for task_id, ends, value, mark in zip(
+            ids, ends_at, values[: len(ids)], values[len(ids) :], strict=True
+        ):
             token, _, rest = text(value or "").partition("|")
             worker, _, started = rest.rpartition("|")
             begun = int(started) / US if started.isdigit() else None
-            found.append(Holder(text(task_id), token, worker, begun, float(ends) / US))
+            held_by = handed_worker(text(mark).rpartition("|")[0]) if mark and not value else ""
+            found.append(Holder(task_id, token, worker, begun, ends, held_by))
         return found
 
     def waiting(self, key: str) -> int:

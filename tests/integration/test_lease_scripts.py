@@ -154,6 +154,8 @@ def test_held_waiters_are_handed_seats_in_refusal_order_and_told(
     message = pubsub.get_message(timeout=2.0)
     assert message is not None
     assert message["data"] == names[0].encode()
+    (handed,) = store.holders(one[0].key)  # `celery funnel status` names its worker
+    assert (handed.task_id, handed.worker, handed.held_by) == (names[0], "", "w1")
     assert store.acquire(one, names[1], "w1", held=held)[0] is None  # the seat is t19's
     lease, _ = store.acquire(one, names[0], "w1", held=held)
     assert lease is not None
