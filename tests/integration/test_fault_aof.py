@@ -8,7 +8,7 @@ import contextlib
 
 import pytest
 import redis
-from kombu import Connection
+from kombu.connection import Connection
 
 from celery_funnel.testing import RedisServer
 from celery_funnel.testing._redis import find_redis_servers
