@@ -31,6 +31,7 @@ import redis
 from celery import Celery
 
 from celery_funnel import FunnelTask, install
+from tests.broker_options import restore_options
 
 RUNS = "faults:runs"  # the record store's list of runs, one JSON object each
 ENV = "FAULTS_CONF"
@@ -69,12 +70,7 @@ def make_fault_app(conf: FaultConf) -> Celery:
     app = Celery("faults", broker=conf.broker)
     options: dict[str, Any] = {}
     if conf.broker.startswith("redis"):
-        # scan for messages past the visibility timeout every second, not every 100 s
-        options["broker_transport_options"] = {
-            "visibility_timeout": conf.visibility,
-            "unacked_restore_interval": 1,
-            "unacked_restore_throttle": 1,
-        }
+        options["broker_transport_options"] = restore_options(conf.visibility)
     if conf.heartbeat is not None:
         options["broker_heartbeat"] = conf.heartbeat
     app.conf.update(

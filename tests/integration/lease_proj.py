@@ -16,6 +16,7 @@ from celery import Celery
 from celery.exceptions import Ignore, Reject
 
 from celery_funnel import FunnelTask, install
+from tests.broker_options import restore_options
 
 STARTS, ENDS = "lease-starts", "lease-ends"
 
@@ -87,11 +88,8 @@ def make_app(broker_url: str, funnel_url: str, queue: str = "leases", **conf: An
 if os.environ.get("FUNNEL_TEST_BROKER"):
     extra: dict[str, Any] = {}
     if os.environ.get("FUNNEL_TEST_VISIBILITY"):
-        extra["broker_transport_options"] = {
-            "visibility_timeout": float(os.environ["FUNNEL_TEST_VISIBILITY"]),
-            "unacked_restore_interval": 1,
-            "unacked_restore_throttle": 1,
-        }
+        visibility = float(os.environ["FUNNEL_TEST_VISIBILITY"])
+        extra["broker_transport_options"] = restore_options(visibility)
         extra["task_acks_late"] = True
     if os.environ.get("FUNNEL_TEST_LEASE_TTL"):
         extra["funnel_lease_ttl"] = float(os.environ["FUNNEL_TEST_LEASE_TTL"])

@@ -22,6 +22,7 @@ from kombu.entity import Exchange, Queue
 
 from celery_funnel import FunnelTask, install
 from celery_funnel._config.runtime import runtime_for
+from tests.broker_options import restore_options
 
 RUNS = "runs"
 RELEASE = "release"  # tasks run with ``hold`` end once this key exists
@@ -354,12 +355,7 @@ if os.environ.get("FUNNEL_TEST_BROKER"):
     extra: dict[str, Any] = {}
     if os.environ.get("FUNNEL_TEST_VISIBILITY"):
         visibility = float(os.environ["FUNNEL_TEST_VISIBILITY"])
-        # scan for messages past the visibility timeout every second, not every 100 s
-        extra["broker_transport_options"] = {
-            "visibility_timeout": visibility,
-            "unacked_restore_interval": 1,
-            "unacked_restore_throttle": 1,
-        }
+        extra["broker_transport_options"] = restore_options(visibility)
     if os.environ.get("FUNNEL_TEST_ACKS_LATE") == "1":
         extra["task_acks_late"] = True
     if os.environ.get("FUNNEL_TEST_PARK") == "0":
