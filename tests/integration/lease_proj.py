@@ -79,6 +79,8 @@ def make_app(broker_url: str, funnel_url: str, queue: str = "leases", **conf: An
             raise Ignore()
         if how in ("sleep", "soft", "hard"):
             time.sleep(10)
+        if how == "long":  # until revoked (terminate): outlives any CLI call a test makes
+            time.sleep(120)
         mark(self, ENDS, how=how)
         return how
 

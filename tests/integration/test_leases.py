@@ -244,7 +244,9 @@ def test_status_and_release_lease(cluster: Cluster) -> None:
     """``celery funnel status`` shows N, in use, the holders and the parked waiters;
     ``release-lease`` (confirmed) frees a slot, and the waiter runs at once."""
     cluster.clear()
-    holder = cluster.app.send_task("leases.ends", ("sleep",))
+    # a holder of 10 s could end before the last of four CLI calls (each a new
+    # process: seconds apiece on a loaded machine), taking its slot with it
+    holder = cluster.app.send_task("leases.ends", ("long",))
     wait_for(lambda: any(h.token for h in cluster.holders("leases.ends")), 20)
     waiter = cluster.app.send_task("leases.ends", ("success",))
     waiting = cluster.store.waiting
