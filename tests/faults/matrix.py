@@ -62,7 +62,7 @@ def row(case: Case, outcomes: list[Outcome]) -> str:
 
 
 HEADER = (
-    "| case | runs | tasks | lost | of which popped as the broker died | twice | exits "
+    "| case | runs | tasks | lost | of which popped, never recorded (kombu) | twice | exits "
     "| per run (lost/twice/exits) | seconds |\n"
     "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 )

@@ -42,7 +42,11 @@ DEADLINE = 180.0  # seconds after the last fault step, at most
 class Outcome:
     """What one run of a case did: tasks ``sent``, ``runs`` recorded, ``lost`` (sent,
     never run), ``twice`` (runs beyond the first of a task), ``exits`` (worker processes
-    that ended on their own or logged an unrecoverable error), ``kills`` (ours)."""
+    that ended on their own or logged an unrecoverable error), ``kills`` (ours);
+    ``popped_lost``: of the lost, those the broker's append-only file shows taken off
+    the queue by kombu's Redis transport and never recorded as delivered (a broker, or
+    the popping worker, killed in that instant loses the message before any Celery
+    code sees it: ``tests.faults.aof``; only where the case's broker keeps the file)."""
 
     case: str
     sent: int
