@@ -158,10 +158,10 @@ def test_search_finds_words_inside_identifiers(site: str, browser: Any, query: s
     box.send_keys(query)
 
     def found() -> list[str]:
-        return [
-            a.get_attribute("href")
-            for a in browser.find_elements(By.CSS_SELECTOR, ".md-search-result a")
-        ]
+        # read in one script: the results re-render as the query is typed, and an
+        # element found here could be replaced before a second call reads it (stale)
+        script = "return [...document.querySelectorAll('.md-search-result a')].map(a => a.href)"
+        return list(browser.execute_script(script))
 
     wait_for(lambda: any("/reference/#task-options" in href for href in found()), 20)
 
