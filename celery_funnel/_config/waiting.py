@@ -38,9 +38,10 @@ __all__ = [
     "WaitPolicy", "Way",
 ]  # fmt: skip
 
-# A waiter is released when a seat is handed to it; failing that (a Redis failure
-# between parking it and queueing it, its queue deleted by ``reset``), after an hour,
-# to be checked again, keeping its place in the queue.
+# A waiter is released when a seat is handed to it; failing that (its queue deleted by
+# ``reset``), after an hour, to be checked again, keeping its place in the queue (a
+# waiter not queued yet, its worker killed or Redis failing between the park and the
+# queueing, is released sooner: ``_gate.parking.QUEUE_GRACE_SECONDS``).
 WAITER_SECONDS = 3600.0
 # how often a waiter held in its worker (nothing parked) looks again, should the
 # hand-off of a seat not reach it (its worker's channel was down)

@@ -13,9 +13,9 @@ A run needs a seat in its FunnelTask's ``funnel_concurrency`` funnel (one per
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 from typing import Any, Protocol
 
 from .._config.options import concurrency_of, option_of
@@ -35,8 +35,6 @@ from .state import HEADER
 from .waits import Waits
 
 __all__ = ["HandOffs", "Renewal", "RenewalOf", "Seats", "SlotFunnels"]
-
-logger = logging.getLogger("celery_funnel")
 
 
 class Renewal(Protocol):
@@ -251,8 +249,9 @@ class Seats:
 
     def _wait(self, arrival: Arrival) -> None:
         """No seat: wait as the wait policy says (``_config.waiting``): a waiter, parked
-        with no release time and queued, whom the run that frees a seat hands it and
-        publishes (the renewal service); or, where nothing may be parked
+        and queued (``Parking.park``: due soon until queued, then after
+        ``WAITER_SECONDS``), whom the run that frees a seat hands it and publishes (the
+        renewal service); or, where nothing may be parked
         (``_stores.persistence``), a held waiter (queued by ``take``): held in the
         worker (or the broker, past what it may hold), woken when handed a seat, and
         looking again every ``LOOK_SECONDS``."""
@@ -265,12 +264,6 @@ class Seats:
         label = self._label(arrival)
         step = Ruling(run=False, delay=delay, state=after)
         self.waits.report(arrival, step._replace(delay=0.0), label, how="parked")
-        if not self.waits.park(arrival, step, label):
-            return  # held, to try again shortly
-        try:
-            self.slot_funnels.queue(request, arrival.slot_funnels, arrival.subject.rank or 0)
-        except BackendError as error:  # parked but not queued: released within the hour
-            logger.warning(
-                "celery-funnel: task %s[%s] parked for a slot, but not queued (%r): it is"
-                " checked again in %.0f s", request.name, request.id, error, delay,
-            )  # fmt: skip
+        rank = arrival.subject.rank or 0
+        queue = partial(self.slot_funnels.queue, request, arrival.slot_funnels, rank)
+        self.waits.park(arrival, step, label, queue)

@@ -5,7 +5,8 @@ queueing of a refused task; the dispatcher each worker's releaser runs is
 A task on a fair funnel is decided on that funnel first, alone (``fair_admit.lua``):
 admitted when nothing waits and the funnel has room, or when the dispatcher booked it a
 slot that is due; else it is parked with no release time (``SAFETY_SECONDS``, a net
-should its queue entry be lost) and joins its tenant's queue. The dispatcher books the
+should its queue entry be lost; a little while until it has joined: ``Parking.park``)
+and joins its tenant's queue. The dispatcher books the
 funnel's next free slots (``_celery.dispatch.HORIZON_SECONDS`` ahead at most) for the
 waiting tasks in weighted round-robin order, and makes their parked entries due at their slots: the
 releaser publishes them, and the gate admits each at its slot without charging again.

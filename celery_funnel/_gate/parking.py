@@ -9,11 +9,12 @@ released, whatever the broker.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
 from .._config.runtime import Runtime
+from .._limiter.errors import BackendError
 from .._stores.fair import FairStore
 from .._stores.park import ParkStore
 from .charges import Charge
@@ -21,9 +22,13 @@ from .charges_decide import FairAdmit
 from .fair import SAFETY_SECONDS, Queues, admit
 from .publish import park
 
-__all__ = ["Parking"]
+__all__ = ["QUEUE_GRACE_SECONDS", "Parking"]
 
 logger = logging.getLogger("celery_funnel")
+
+# a task parked to wait in a queue is parked, then queued, in two calls (two hash
+# tags): it is due this long after its park until its queueing is confirmed
+QUEUE_GRACE_SECONDS = 10.0
 
 
 class Parking:
@@ -71,22 +76,45 @@ class Parking:
         label: str,
         fair: tuple[Charge, bool] | None = None,
         rank: int = 0,
+        queue: Callable[[], None] | None = None,
     ) -> bool:
-        """Park ``request`` (a Celery worker Request) for ``delay`` seconds, or with
-        ``fair`` (its fair charge, in front or not) in its tenant's waiting queue at its
-        priority ``rank``; False
-        when it is a stale copy of a task released and run already (drop it).
+        """Park ``request`` (a Celery worker Request) for ``delay`` seconds; with ``fair``
+        (its fair charge, in front or not) in its tenant's waiting queue at its priority
+        ``rank`` (until a dispatcher books it, ``SAFETY_SECONDS`` at most); with
+        ``queue``, the call that queues it elsewhere (for a seat). False when it is a
+        stale copy of a task released and run already (drop it).
 
         Raises:
-            BackendError: when Redis fails (keep the request).
+            BackendError: when Redis fails parking it (keep the request).
         """
         assert self.store is not None
         assert self.queues is not None
-        fresh = park(
+        if fair is not None:
+            delay = SAFETY_SECONDS
+            queue = partial(self.queues.queue, fair[0], request.id, rank, fair[1])
+        release = park(
             self.store, request.task, request._context, request.args, request.kwargs,
-            wait=delay if fair is None else SAFETY_SECONDS, state=state, label=label,
+            wait=delay if queue is None else QUEUE_GRACE_SECONDS, state=state, label=label,
             content_type=request.content_type, content_encoding=request.content_encoding,
         )  # fmt: skip
-        if fresh and fair is not None:
-            self.queues.queue(fair[0], request.id, rank, fair[1])
-        return fresh
+        if release is None:
+            return False
+        if queue is not None:
+            self._queue(request, release, delay, queue)
+        return True
+
+    def _queue(self, request: Any, release: int, delay: float, queue: Callable[[], None]) -> None:
+        """Queue the parked ``request`` (``queue``), then move its release (``release``,
+        as parked) out to ``delay``. Until then it is due ``QUEUE_GRACE_SECONDS`` after
+        its park: a worker killed, or a Redis failing, between the park and the queue
+        leaves it released soon to be decided again, not parked for ``delay``."""
+        assert self.store is not None
+        try:
+            queue()
+            self.store.postpone(request.id, release, delay)
+        except BackendError as error:  # parked: released within the grace
+            logger.warning(
+                "celery-funnel: task %s[%s] parked to wait in a queue, but not queued (%r):"
+                " it is decided again within %.0f s", request.name, request.id, error,
+                QUEUE_GRACE_SECONDS,
+            )  # fmt: skip

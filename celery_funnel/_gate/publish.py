@@ -218,10 +218,11 @@ def park(
     label: str,
     content_type: str | None = None,
     content_encoding: str | None = None,
-) -> bool:
+) -> int | None:
     """Park the run in the funnels' Redis for ``wait`` seconds: the message exactly as
-    ``republish`` would publish it (no countdown: it is released when due). False when
-    this copy is stale (its task was released and accepted already): drop it.
+    ``republish`` would publish it (no countdown: it is released when due). Its release
+    time (``ParkStore.park``), or None when this copy is stale (its task was released
+    and accepted already): drop it.
 
     Raises:
         BackendError: when Redis fails (the caller keeps the original message).

@@ -172,15 +172,18 @@ class Waits:
         )  # fmt: skip
         ack(request)
 
-    def park(self, arrival: Arrival, step: Ruling, label: str) -> bool:
-        """Park the task in the funnels' Redis until its slot; ack the original after.
-        False when it could not be parked (it is held, to try again shortly)."""
+    def park(
+        self, arrival: Arrival, step: Ruling, label: str, queue: Callable[[], None] | None = None
+    ) -> bool:
+        """Park the task in the funnels' Redis until its slot (``queue``: the call that
+        queues it for one, ``Parking.park``); ack the original after. False when it
+        could not be parked (it is held, to try again shortly)."""
         request = arrival.request
         fair = fair_charge(arrival.charges, step.queued)
         arrival.delivery.accepted = False  # parked from now, should the reply be lost
         try:
             state, rank = requeued(step.state, 0.0), arrival.subject.rank or 0
-            fresh = self.parking.park(request, state, step.delay, label, fair, rank)
+            fresh = self.parking.park(request, state, step.delay, label, fair, rank, queue)
         except Exception as error:
             self._kept(arrival, step, "could not park deferred task %s[%s] (%r)", error)
             return False

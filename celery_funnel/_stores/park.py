@@ -143,20 +143,28 @@ class ParkStore(ParkedStore):
 
     def park(
         self, task_id: str, wait: float, message: Mapping[str, Any], token: str, origin: str = ""
-    ) -> bool:
+    ) -> int | None:
         """Park ``message`` (see ``capture``) for ``wait`` seconds from now (the server's
         clock), counted under its ``meta["funnel"]`` label. ``token``: the token of the
         copy parked ("" for the message as first sent). ``origin``: what tells copies
         of one message from another message given the same task id (``copies``).
-        False when that copy is stale (another copy was accepted, or the task is
-        parked already): the caller drops it."""
+        Returns its release time as the server set it (µs since the epoch: what
+        ``postpone`` asks for), or None when that copy is stale (another copy was
+        accepted, or the task is parked already): the caller drops it."""
         wait_us = max(round(wait * US), 0)
         label = str(message["meta"]["funnel"])
         reply = self._script(
             self._park, self.keys, task_id, wait_us, encode_message(message), token, label,
             origin,
         )  # fmt: skip
-        return bool(reply[0])
+        return int(reply[1]) if int(reply[0]) else None
+
+    def postpone(self, task_id: str, release: int, wait: float) -> bool:
+        """Move the release of parked task ``task_id`` to ``wait`` seconds from now, if
+        it is still ``release`` (what ``park`` returned): not made due, booked or
+        claimed since. Whether it moved."""
+        args = ("postpone", task_id, release, max(round(wait * US), 0))
+        return bool(int(self._script(self._purge, self.keys, *args)[0]))
 
     def claim(
         self, lead: float, lease: float, limit: int, keep: float

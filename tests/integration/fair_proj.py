@@ -16,6 +16,8 @@ import redis
 from celery import Celery
 
 from celery_funnel import FunnelTask
+from tests.broker_options import restore_options
+from tests.crash import arm
 from tests.integration.proj import make_app
 
 RUNS = "fair:runs"
@@ -80,7 +82,12 @@ def fair_runs(funnel_url: str, task: str) -> list[dict[str, Any]]:
 
 
 if os.environ.get("FUNNEL_TEST_BROKER"):
+    extra: dict[str, Any] = {}
+    if os.environ.get("FUNNEL_TEST_VISIBILITY"):
+        visibility = float(os.environ["FUNNEL_TEST_VISIBILITY"])
+        extra["broker_transport_options"] = restore_options(visibility)
     app = make_fair_app(
         os.environ["FUNNEL_TEST_BROKER"], os.environ["FUNNEL_TEST_REDIS"],
-        **queue_options(os.environ.get("FUNNEL_TEST_QUEUE", "fair")),
+        **queue_options(os.environ.get("FUNNEL_TEST_QUEUE", "fair")), **extra,
     )  # fmt: skip
+    arm()

@@ -17,6 +17,7 @@ from celery.exceptions import Ignore, Reject
 
 from celery_funnel import FunnelTask, install
 from tests.broker_options import restore_options
+from tests.crash import arm
 
 STARTS, ENDS = "lease-starts", "lease-ends"
 
@@ -103,3 +104,4 @@ if os.environ.get("FUNNEL_TEST_BROKER"):
         os.environ.get("FUNNEL_TEST_QUEUE", "leases"),
         **extra,
     )
+    arm()

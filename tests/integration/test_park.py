@@ -258,6 +258,23 @@ def park_task(app: Celery, store: ParkStore, wait: float, n: int) -> str:
     return str(signature.id)
 
 
+def test_a_release_moves_out_only_if_nothing_moved_it_since_the_park(store: ParkStore) -> None:
+    """``postpone``: a task parked for a short while and then queued has its release
+    moved out, unless something moved it meanwhile (made due, claimed)."""
+    release = store.park("a", 60.0, message(), "")
+    assert release is not None
+    assert store.postpone("a", release, 3600.0)
+    (entry,) = store.entries()
+    assert entry.release_at > time.time() + 3000, "moved out"
+    assert not store.postpone("a", release, 3600.0), "no longer at the time it was parked at"
+    later = store.park("b", 60.0, message(1), "")
+    assert later is not None
+    assert store.make_due(["b"]) == 1  # a seat handed to it, say
+    assert not store.postpone("b", later, 3600.0), "made due: it stays due"
+    assert [r.task_id for r in store.claim(0.0, 30.0, 10, 3600.0)[2]] == ["b"]
+    assert not store.postpone("c", 0, 3600.0), "nothing parked"
+
+
 def test_a_worker_releases_parked_tasks_at_their_time_once(
     app: Celery, redis_url: str, redis_client: redis.Redis
 ) -> None:
