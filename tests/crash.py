@@ -1,17 +1,26 @@
-"""A crash at a named point of the gate, for kill tests: a ``celery worker`` of a test
-project started with ``FUNNEL_TEST_DIE_AT="package.module:Class.method"`` SIGKILLs
-itself and its pool (its process group) when it first reaches that method, before the
-method runs. Nothing is mocked: the worker dies there, as a SIGKILL or a power cut
-would end it, and the test watches what the rest of the cluster makes of it."""
+"""A crash at a named point, for kill tests: a ``celery worker`` of a test project
+started with ``FUNNEL_TEST_DIE_AT="package.module:Class.method"`` SIGKILLs itself and
+its pool (its process group) when it first reaches that method, before the method runs.
+With ``FUNNEL_TEST_DIE_IF=copy`` it dies only on a call whose first argument is a
+message carrying a copy's token (the ``celery_funnel`` header's ``release``: a copy the
+gate published again, or a release); other calls run as they would. Nothing is mocked:
+the worker dies there, as a SIGKILL or a power cut would end it, and the test watches
+what the rest of the cluster makes of it."""
 
 from __future__ import annotations
 
 import importlib
 import os
 import signal
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["arm"]
+
+
+def _is_copy(message: Any) -> bool:
+    headers = getattr(message, "headers", None) or {}
+    return bool((headers.get("celery_funnel") or {}).get("release"))
 
 
 def arm() -> None:
@@ -28,9 +37,13 @@ def arm() -> None:
     if not (module and owner and method):
         raise ValueError(f"FUNNEL_TEST_DIE_AT={where!r}: expected module:Class.method")
     cls = getattr(importlib.import_module(module), owner)
-    getattr(cls, method)  # it exists
+    original: Callable[..., Any] = getattr(cls, method)
+    only_copies = os.environ.get("FUNNEL_TEST_DIE_IF") == "copy"
 
-    def die(*args: Any, **kwargs: Any) -> None:
+    def die(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if only_copies and not (args and _is_copy(args[0])):
+            return original(self, *args, **kwargs)
         os.killpg(os.getpgrp(), signal.SIGKILL)
+        return None
 
     setattr(cls, method, die)

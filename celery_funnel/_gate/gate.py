@@ -85,7 +85,9 @@ class WorkerGate:
         self.hostname = safe_part(self.node or "worker")
         self.charges = Charges(runtime, consumer.app, self.hostname, own_charges)
         self.slot_funnels = SlotFunnels(runtime, consumer.app, self.node, self.hostname, renewal)
-        self.parking = Parking(runtime)
+        # kombu's Redis transport loses a message taken off the queue as the broker dies
+        # or the worker is killed: copies published again are backed up there
+        self.parking = Parking(runtime, backups=self.transport == "redis")
         self.copies = CopyGuard(runtime, unconfirmed_acks=self.transport == "amqp")
         self.follow = Follow(runtime)
         self.live = live_for(consumer.app)

@@ -32,10 +32,13 @@ QUEUE_GRACE_SECONDS = 10.0
 
 
 class Parking:
-    """Parking for one worker gate: ``store`` is None when parking is off."""
+    """Parking for one worker gate: ``store`` is None when parking is off. ``backups``:
+    a copy published again is backed up in the parked store (``back_up``), where its
+    releasers run: the broker's Redis transport may lose a message on its way."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, backups: bool = False) -> None:
         settings = runtime.settings
+        self.runtime = runtime
         self.store: ParkStore | None = None
         self.fair: FairStore | None = None
         self.queues: Queues | None = None
@@ -45,6 +48,8 @@ class Parking:
             self.fair = FairStore(client, settings.key_prefix)
             self.queues = Queues(self.fair)
         self.persistence = runtime.persistence if self.store is not None else None
+        # releasers run wherever funnel_park is not False (_celery.releaser.park_store)
+        self.backs_up = backups and self.store is not None and settings.park is not False
 
     @property
     def on(self) -> bool:
@@ -102,6 +107,29 @@ class Parking:
         if queue is not None:
             self._queue(request, release, delay, queue)
         return True
+
+    def back_up(
+        self, request: Any, state: Mapping[str, Any], label: str, token: str, countdown: float
+    ) -> bool:
+        """Back up copy ``token`` of ``request``, about to be published with ``countdown``
+        seconds (``state``: the copy's, without the countdown): its parked entry, claimed
+        for the copy until the countdown and ``funnel_park_lease`` are over, is
+        published again by a releaser should no worker have accepted the copy by then,
+        and forgotten when one does. It is what records the copy (``copies``): False
+        when the copy held is stale (drop it, publish nothing).
+
+        Raises:
+            BackendError: when the funnels' Redis fails (publish nothing).
+        """
+        assert self.store is not None
+        self.runtime.outage.check()  # no call waits on a Redis known to fail
+        lease = countdown + self.runtime.settings.park_lease
+        release = park(
+            self.store, request.task, request._context, request.args, request.kwargs,
+            wait=0.0, state=state, label=label, content_type=request.content_type,
+            content_encoding=request.content_encoding, backup=(token, lease),
+        )  # fmt: skip
+        return release is not None
 
     def _queue(self, request: Any, release: int, delay: float, queue: Callable[[], None]) -> None:
         """Queue the parked ``request`` (``queue``), then move its release (``release``,

@@ -218,11 +218,13 @@ def park(
     label: str,
     content_type: str | None = None,
     content_encoding: str | None = None,
+    backup: tuple[str, float] | None = None,
 ) -> int | None:
     """Park the run in the funnels' Redis for ``wait`` seconds: the message exactly as
     ``republish`` would publish it (no countdown: it is released when due). Its release
     time (``ParkStore.park``), or None when this copy is stale (its task was released
-    and accepted already): drop it.
+    and accepted already): drop it. ``backup``: the entry backs up a copy published at
+    once (``ParkStore.park``).
 
     Raises:
         BackendError: when Redis fails (the caller keeps the original message).
@@ -236,7 +238,7 @@ def park(
     with gate_publishing(), _traced(context):
         message = capture(signature, meta, ignore_result=True, add_to_parent=False)
     token = str(state.get("release") or "")
-    return store.park(str(context.id), wait, message, token, origin(context))
+    return store.park(str(context.id), wait, message, token, origin(context), backup)
 
 
 def origin(context: Any) -> str:

@@ -1,7 +1,8 @@
 """What the worker gate does with a run a funnel refused (``Waits``), the way the wait
 policy (``_config.waiting``) chooses: hold it on the consumer's timer, park it in the
 funnels' Redis, or publish it again as a new copy with the capped countdown (recorded
-first: ``copies``); the message held is acked only after it is parked or published.
+first: ``copies``; on a Redis broker, backed up in the parked store instead:
+``Parking.back_up``); the message held is acked only after it is parked or published.
 When none of these can be done in time (the funnels' Redis fails), the message is
 handed back to the broker (``delivery.hand_back``).
 
@@ -135,7 +136,7 @@ class Waits:
         token = new_token()
         arrival.delivery.accepted = False  # a copy may exist from now: checked again
         try:
-            if not self.copies.move(request, arrival.state, token):
+            if not self._record(arrival, step, token, countdown):
                 self._stale(request)
                 return
             self.publish(
@@ -147,6 +148,20 @@ class Waits:
             self._kept(arrival, step, "could not publish deferred task %s[%s] again (%r)", error)
             return
         ack(request)
+
+    def _record(self, arrival: Arrival, step: Ruling, token: str, countdown: float) -> bool:
+        """Record copy ``token`` of ``arrival`` before it is published with ``countdown``:
+        with a backup of it (``Parking.back_up``) where one is kept, else in the copies'
+        records. False when the copy held is stale.
+
+        Raises:
+            BackendError: when the funnels' Redis fails.
+        """
+        request = arrival.request
+        if self.parking.backs_up:
+            state = requeued(step.state, 0.0)
+            return self.parking.back_up(request, state, arrival.label, token, countdown)
+        return self.copies.move(request, arrival.state, token)
 
     def _kept(self, arrival: Arrival, step: Ruling, line: str, error: Exception) -> None:
         """Moving ``arrival`` failed with ``error`` (logged as ``line`` says, with the

@@ -3,7 +3,8 @@
 Asked in this order, the cheap and certain first:
 
 1. the parked tasks (``_stores.park``, by task id): parked until its release time, or a
-   waiter queued for a seat of a concurrency funnel (``#waiters``);
+   waiter queued for a seat of a concurrency funnel (``#waiters``), or the backup of a
+   copy published again (then the workers are asked too, step 3);
 2. the result backend: a ready state (SUCCESS, FAILURE, REVOKED) means it ran or ended;
    REVOKED as "duplicate of <id>" means a worker collapsed it into that task
    (``_celery.unique``);
@@ -119,8 +120,8 @@ def why(
     """
     client = runtime.funnel.client
     found = parked(runtime, client, task_id) or finished(runtime.app, task_id)
-    if found is None:
-        found = in_workers(runtime.app, task_id, timeout)
+    if found is None or found.state == "republished":  # a backup: the worker holding
+        found = in_workers(runtime.app, task_id, timeout) or found  # its copy says more
     if found is None and task:
         found = collapsed(runtime, task_id, task, key or "")
     return found or Where(
@@ -148,6 +149,12 @@ def parked(runtime: Runtime, client: Any, task_id: str) -> Where | None:
         return Where(
             task_id, "waiting", f"for a seat of {fields['funnel']} (place {place[1]} in line),"
             " parked until a seat frees", place=place[1], **fields,
+        )  # fmt: skip
+    if score is None and not client.hexists(keys.labels, task_id):  # a copy's backup
+        return Where(
+            task_id, "republished", "with a countdown, not taken up by a worker yet (its"
+            " backup in the funnels' Redis is published again should none take it up)",
+            **fields,
         )  # fmt: skip
     if score is None:  # claimed by a releaser: on its way to a worker
         return Where(task_id, "parked", "and being released by a worker's releaser", **fields)

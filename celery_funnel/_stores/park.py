@@ -142,20 +142,30 @@ class ParkStore(ParkedStore):
         )
 
     def park(
-        self, task_id: str, wait: float, message: Mapping[str, Any], token: str, origin: str = ""
+        self,
+        task_id: str,
+        wait: float,
+        message: Mapping[str, Any],
+        token: str,
+        origin: str = "",
+        backup: tuple[str, float] | None = None,
     ) -> int | None:
         """Park ``message`` (see ``capture``) for ``wait`` seconds from now (the server's
         clock), counted under its ``meta["funnel"]`` label. ``token``: the token of the
         copy parked ("" for the message as first sent). ``origin``: what tells copies
         of one message from another message given the same task id (``copies``).
-        Returns its release time as the server set it (µs since the epoch: what
-        ``postpone`` asks for), or None when that copy is stale (another copy was
-        accepted, or the task is parked already): the caller drops it."""
+        ``backup``: (the token of a copy published at once, seconds): the entry is that
+        copy's backup, claimed for it for that long and not counted as parked
+        (``lua/park.lua``). Returns its release time as the server set it (µs since
+        the epoch: what ``postpone`` asks for), or None when that copy is stale
+        (another copy was accepted, or the task is parked already): the caller drops
+        it."""
         wait_us = max(round(wait * US), 0)
         label = str(message["meta"]["funnel"])
+        copy, lease = backup or ("", 0.0)
         reply = self._script(
             self._park, self.keys, task_id, wait_us, encode_message(message), token, label,
-            origin,
+            origin, copy, max(round(lease * US), 0),
         )  # fmt: skip
         return int(reply[1]) if int(reply[0]) else None
 

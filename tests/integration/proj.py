@@ -23,6 +23,7 @@ from kombu.entity import Exchange, Queue
 from celery_funnel import FunnelTask, install
 from celery_funnel._config.runtime import runtime_for
 from tests.broker_options import restore_options
+from tests.crash import arm
 
 RUNS = "runs"
 RELEASE = "release"  # tasks run with ``hold`` end once this key exists
@@ -375,3 +376,4 @@ if os.environ.get("FUNNEL_TEST_BROKER"):
     )
     if os.environ.get("FUNNEL_TEST_SKEW"):
         skew_clock(app, float(os.environ["FUNNEL_TEST_SKEW"]))
+    arm()

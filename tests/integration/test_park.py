@@ -18,7 +18,7 @@ from celery.worker import state as worker_state
 
 from celery_funnel import ConfigurationError
 from celery_funnel._config.runtime import runtime_for
-from celery_funnel._stores.park import ParkStore, capture
+from celery_funnel._stores.park import ParkStore, Release, capture
 from celery_funnel.testing import RedisServer
 from tests.integration.proj import close_app, make_app, runs
 from tests.polling import wait_for
@@ -74,6 +74,36 @@ def test_a_release_no_worker_accepted_is_published_again_and_the_first_copy_wins
     assert store.accept("a", first.token), "the same copy delivered again by the broker runs"
     assert not store.accept("a", second.token), "the other copy is dropped"
     assert store.count() == 0, "accepting completed the release"
+
+
+def test_a_backup_is_claimed_for_its_copy_and_published_again_only_if_that_is_lost(
+    store: ParkStore,
+) -> None:
+    """A copy published again with a countdown is backed up: claimed for that copy at
+    once, not counted as parked; the message held, delivered again, is dropped; the
+    copy accepted forgets the backup; a copy never accepted has its backup claimed
+    again once the claim is over, and the first copy accepted runs."""
+    assert store.park("a", 0.0, message(), "", backup=("copy-a", 60.0))
+    assert store.counts() == {}, "not counted as parked"
+    assert store.entries() == [], "nor listed as waiting to be released"
+    assert store.claim(0.0, 30.0, 10, 3600.0)[2] == [], "claimed for its copy"
+    assert not store.accept("a", ""), "the message held, delivered again: dropped"
+    assert store.accept("a", "copy-a"), "the copy runs"
+    assert store.count() == 0, "and its backup is forgotten"
+
+    assert store.park("b", 0.0, message(1), "", backup=("copy-b", 0.05))
+    found: list[Release] = []
+
+    def claimed_again() -> bool:
+        found.extend(store.claim(0.0, 30.0, 10, 3600.0)[2])
+        return bool(found)
+
+    wait_for(claimed_again, 2)
+    (again,) = found
+    assert (again.task_id, again.message["meta"]["funnel"]) == ("b", "f")
+    assert store.accept("b", again.token), "the copy published again runs"
+    assert not store.accept("b", "copy-b"), "the lost copy, should it come after all: dropped"
+    assert store.count() == 0
 
 
 def test_each_claim_again_lasts_twice_as_long(store: ParkStore) -> None:

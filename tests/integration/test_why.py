@@ -174,11 +174,28 @@ def test_why_tells_where_each_task_is(where: Site, standalone_url: str) -> None:
     assert "funnel proj.hourly: 1 parked" in logs, logs[-3000:]
 
 
-def test_why_tells_a_republished_task(broker: RedisServer, standalone_url: str) -> None:
-    """Parking off, countdowns capped at 1 s: a task that waits 30 s is published again
-    with a countdown, and a worker holds it as an ETA task."""
+@pytest.fixture
+def no_aof() -> Iterator[RedisServer]:
+    """A Redis without AOF: where "auto" parks nothing (a test's funnels' Redis)."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.mark.parametrize("park", ["0", "auto"], ids=["parking off", "a copy backed up"])
+def test_why_tells_a_republished_task(
+    broker: RedisServer, standalone_url: str, no_aof: RedisServer, park: str
+) -> None:
+    """Parking off (``funnel_park`` False, or "auto" on a funnels' Redis without AOF),
+    countdowns capped at 1 s: a task that waits 30 s is published again with a
+    countdown, and a worker holds it as an ETA task. Where copies are backed up
+    (``funnel_park`` not False), the backup in the funnels' Redis does not pass for a
+    parked task."""
     conf = json.dumps({"funnel_park_after": 60.0, "funnel_max_countdown": 1.0})
-    found = site(broker.url, standalone_url, FUNNEL_TEST_PARK="0", FUNNEL_TEST_CONF=conf)
+    if park == "0":
+        funnels, parking = standalone_url, {"FUNNEL_TEST_PARK": "0"}
+    else:
+        funnels, parking = no_aof.url, {}
+    found = site(broker.url, funnels, FUNNEL_TEST_CONF=conf, **parking)
     with contextlib.closing(found) as sites:
         republishing = next(sites)
         task = republishing.app.tasks["proj.plain"]
@@ -188,7 +205,7 @@ def test_why_tells_a_republished_task(broker: RedisServer, standalone_url: str) 
 
         def republished() -> bool:
             seen.append(republishing.answer(waiting.id))
-            return bool(seen[-1]["state"] == "republished")
+            return bool(seen[-1]["state"] == "republished" and seen[-1]["worker"])
 
         wait_for(republished, 30)
         answer = seen[-1]

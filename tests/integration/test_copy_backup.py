@@ -1,0 +1,79 @@
+"""A copy the gate publishes again (a wait longer than the worker may hold its message,
+where nothing is parked) is backed up in the parked store until a worker accepts it:
+kombu's Redis transport takes a message off the queue (``BRPOP``) before it records it
+as delivered, and a worker killed in between, or a broker dying, loses it. Real
+``celery worker`` processes, a real Redis broker and a funnels' Redis without AOF (so
+that waits are published again, not parked); the worker dies in that window, as
+``tests.crash`` says, on the first copy it takes off the queue."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import partial
+
+import pytest
+
+from celery_funnel.testing import CeleryWorkers, RedisServer
+from tests.integration.proj import close_app, make_app, runs
+from tests.integration.test_one_gate import ROOT, once_each, send
+from tests.polling import wait_for
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+# kombu records a message it took off the queue as delivered here (a pipeline to the
+# broker's Redis): the worker dies before it, the message is in neither list
+KOMBU_RECORDS = "kombu.transport.redis:QoS.append"
+
+
+@pytest.fixture
+def broker() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def funnels() -> Iterator[RedisServer]:
+    with RedisServer() as server:  # no AOF: nothing is parked, long waits are published
+        yield server
+
+
+def worker(broker: str, funnels: str, prefix: str, *pool: str, **env: str) -> CeleryWorkers:
+    """One worker of ``proj``; 4 s visibility timeout, leases of 1 s."""
+    base = {
+        "FUNNEL_TEST_BROKER": broker, "FUNNEL_TEST_REDIS": funnels,
+        "FUNNEL_TEST_VISIBILITY": "4", "FUNNEL_TEST_PARK_LEASE": "1",
+    }  # fmt: skip
+    return CeleryWorkers(
+        "tests.integration.proj", 1, {**base, **env}, *pool, "-Q", "proj", cwd=ROOT,
+        prefix=prefix,
+    )  # fmt: skip
+
+
+def ran(url: str, count: int) -> bool:
+    return len([r for r in runs(url) if r["name"] == "proj.slow"]) >= count
+
+
+def test_a_copy_lost_on_its_way_is_published_again_and_runs_once(
+    broker: RedisServer, funnels: RedisServer
+) -> None:
+    """4 tasks of ``proj.slow`` (one start per 2 s): the later ones wait longer than the
+    worker may hold them and are published again with a countdown. The worker (a solo
+    pool: no run is cut) dies as it takes the first such copy off the queue. A second
+    worker runs every task once: the lost copy's backup is published again when its
+    claim (the countdown and a 1 s lease) is over."""
+    app = make_app(broker.url, funnels.url, task_ignore_result=True)
+    dying = worker(
+        broker.url, funnels.url, "d", "-P", "solo",
+        FUNNEL_TEST_DIE_AT=KOMBU_RECORDS, FUNNEL_TEST_DIE_IF="copy",
+    )  # fmt: skip
+    survivor = worker(broker.url, funnels.url, "s", "-c", "2")
+    try:
+        with dying:
+            dying.wait_ready()
+            sent = send(app, "proj.slow", 4)
+            wait_for(lambda: dying.processes[0].poll() is not None, 40)
+        with survivor:
+            survivor.wait_ready()
+            wait_for(partial(ran, funnels.url, 4), 45)
+        once_each(funnels.url, "proj.slow", set(sent))
+    finally:
+        close_app(app)
