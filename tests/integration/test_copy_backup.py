@@ -25,12 +25,6 @@ KOMBU_RECORDS = "kombu.transport.redis:QoS.append"
 
 
 @pytest.fixture
-def broker() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
-
-
-@pytest.fixture
 def funnels() -> Iterator[RedisServer]:
     with RedisServer() as server:  # no AOF: nothing is parked, long waits are published
         yield server
