@@ -97,11 +97,7 @@ class Parking:
         if fair is not None:
             delay = SAFETY_SECONDS
             queue = partial(self.queues.queue, fair[0], request.id, rank, fair[1])
-        release = park(
-            self.store, request.task, request._context, request.args, request.kwargs,
-            wait=delay if queue is None else QUEUE_GRACE_SECONDS, state=state, label=label,
-            content_type=request.content_type, content_encoding=request.content_encoding,
-        )  # fmt: skip
+        release = self._park(request, state, label, delay if queue is None else QUEUE_GRACE_SECONDS)
         if release is None:
             return False
         if queue is not None:
@@ -121,15 +117,21 @@ class Parking:
         Raises:
             BackendError: when the funnels' Redis fails (publish nothing).
         """
-        assert self.store is not None
         self.runtime.outage.check()  # no call waits on a Redis known to fail
         lease = countdown + self.runtime.settings.park_lease
-        release = park(
+        return self._park(request, state, label, 0.0, (token, lease)) is not None
+
+    def _park(
+        self, request: Any, state: Mapping[str, Any], label: str, wait: float,
+        backup: tuple[str, float] | None = None,
+    ) -> int | None:  # fmt: skip
+        """``publish.park`` of worker Request ``request``: its release time, or None."""
+        assert self.store is not None
+        return park(
             self.store, request.task, request._context, request.args, request.kwargs,
-            wait=0.0, state=state, label=label, content_type=request.content_type,
-            content_encoding=request.content_encoding, backup=(token, lease),
+            wait=wait, state=state, label=label, content_type=request.content_type,
+            content_encoding=request.content_encoding, backup=backup,
         )  # fmt: skip
-        return release is not None
 
     def _queue(self, request: Any, release: int, delay: float, queue: Callable[[], None]) -> None:
         """Queue the parked ``request`` (``queue``), then move its release (``release``,
@@ -142,7 +144,8 @@ class Parking:
             self.store.postpone(request.id, release, delay)
         except BackendError as error:  # parked: released within the grace
             logger.warning(
-                "celery-funnel: task %s[%s] parked to wait in a queue, but not queued (%r):"
-                " it is decided again within %.0f s", request.name, request.id, error,
+                "celery-funnel: task %s[%s] parked to wait in a queue, but its queueing is"
+                " not confirmed (%r): it is decided again within %.0f s", request.name,
+                request.id, error,
                 QUEUE_GRACE_SECONDS,
             )  # fmt: skip
