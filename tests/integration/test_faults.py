@@ -75,10 +75,28 @@ def outcome(funnel_url: str, name: str, sent: int) -> dict[str, Any]:
     }
 
 
-def send(app: Celery, name: str, count: int) -> None:
+def send(app: Celery, name: str, count: int) -> list[str]:
+    """Send ``name(n)`` for n in 0..count-1; their ids."""
     with app.producer_or_acquire() as producer:
-        for n in range(count):
-            app.tasks[name].apply_async((n,), producer=producer)
+        return [app.tasks[name].apply_async((n,), producer=producer).id for n in range(count)]
+
+
+def wait_for_all(funnel_url: str, workers: CeleryWorkers, ids: list[str], timeout: float) -> None:
+    """Wait until every task of ``ids`` ran; on a timeout, say which did not, and what
+    the workers logged of the first few."""
+    try:
+        wait_for(lambda: not set(ids) - {r["id"] for r in runs(funnel_url)}, timeout)
+    except AssertionError:
+        missing = sorted(set(ids) - {r["id"] for r in runs(funnel_url)})
+        logs = workers.logs().splitlines()
+        told = [line for line in logs if any(task_id in line for task_id in missing[:3])]
+        raise AssertionError(
+            f"{len(missing)} of {len(ids)} never ran after {timeout} s; the workers' log"
+            f" lines on {missing[:3]}:\n"
+            + "\n".join(told[-30:])
+            + "\nlog end:\n"
+            + "\n".join(logs[-20:])
+        ) from None
 
 
 def kill_tree(pid: int) -> None:
@@ -238,9 +256,8 @@ def test_sixty_seconds_of_clock_skew_between_two_workers(funnel_url: str) -> Non
 @pytest.mark.exclusive
 def test_a_burst_of_ten_thousand_tasks_on_one_funnel(funnel_url: str) -> None:
     app = make_app(funnel_url, funnel_url, task_ignore_result=True)
-    with start_workers(funnel_url, funnel_url, env={"FUNNEL_TEST_RATE": "500/s"}):
-        send(app, "proj.steady", 10_000)
-        wait_for(lambda: outcome(funnel_url, "proj.steady", 10_000)["ran"] == 10_000, 240)
+    with start_workers(funnel_url, funnel_url, env={"FUNNEL_TEST_RATE": "500/s"}) as workers:
+        wait_for_all(funnel_url, workers, send(app, "proj.steady", 10_000), 240)
     close_app(app)
     result = outcome(funnel_url, "proj.steady", 10_000)
     assert (result["lost"], result["twice"]) == (0, 0)
