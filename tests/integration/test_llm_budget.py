@@ -31,7 +31,8 @@ def run_example(tmp_path: Path, settle: bool) -> dict[str, Any]:
 
 def run_llm_example(tmp_path: Path, name: str, options: dict[str, str]) -> dict[str, Any]:
     """Run ``examples/<name>.py`` with ``options`` in its environment (its own Redis,
-    upstream and workers) and read the summary it writes (``LLM_SUMMARY``)."""
+    upstream and workers), check that it passes its own checks (as test_examples.py
+    checks every other example), and read the summary it writes (``LLM_SUMMARY``)."""
     summary = tmp_path / "summary.json"
     with RedisServer() as server:
         env = {**os.environ, "REDIS_URL": server.url, "LLM_SUMMARY": str(summary), **options}
@@ -39,7 +40,11 @@ def run_llm_example(tmp_path: Path, name: str, options: dict[str, str]) -> dict[
             [sys.executable, f"examples/{name}.py"], cwd=ROOT, env=env,
             capture_output=True, text=True, timeout=240, check=False,
         )  # fmt: skip
-    assert summary.exists(), done.stdout[-3000:] + done.stderr[-3000:]
+    output = done.stdout[-3000:] + done.stderr[-3000:]
+    assert summary.exists(), output
+    assert done.returncode == 0, output
+    assert "OK " in done.stdout, output
+    assert "FAILED" not in done.stdout, output
     seen: dict[str, Any] = json.loads(summary.read_text())
     seen["output"] = done.stdout
     return seen
