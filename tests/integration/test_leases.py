@@ -330,8 +330,15 @@ def test_warm_shutdown_gives_the_slots_back(short_leases: Cluster) -> None:
     wait_for(
         lambda: any(h.task_id == sent.id and h.token for h in cluster.holders("leases.three")), 20
     )
+    # the seat is taken before the run reaches a pool process: wait until it runs (a run
+    # the SIGKILL above left un-acked may come back to this worker and run meanwhile)
+    wait_for(lambda: sent.id in {r["id"] for r in cluster.records(STARTS)}, 20)
     survivor = cluster.workers.processes[1]
     survivor.terminate()
-    survivor.wait(30)
-    assert sent.id in ended_ids(cluster)
+    try:
+        survivor.wait(30)
+    except subprocess.TimeoutExpired:
+        logs = cluster.workers.logs()[-4000:]
+        raise AssertionError(f"no warm shutdown in 30 s:\n{logs}") from None
+    assert sent.id in ended_ids(cluster), cluster.workers.logs()[-4000:]
     assert cluster.holders("leases.three") == []
