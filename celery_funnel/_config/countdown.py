@@ -21,10 +21,14 @@ SAFETY = 0.5  # use at most half of the broker's limit
 class CountdownPolicy:
     """``cap``: the longest countdown to publish (longer waits re-queue at the cap and
     check again); ``whole_seconds``: the broker delays by whole seconds only (quorum
-    queues), so countdowns are rounded down and the last second is waited in place."""
+    queues), so countdowns are rounded down and the last second is waited in place;
+    ``limit``: how long the broker lets a worker keep a message un-acked (seconds:
+    the Redis transport's ``visibility_timeout``, RabbitMQ's ``consumer_timeout``),
+    whatever the cap (``_gate.delivery`` counts a delivery's deadlines from it)."""
 
     cap: float
     whole_seconds: bool = False
+    limit: float = REDIS_VISIBILITY_TIMEOUT
 
     def countdown(self, delay: float) -> float:
         """The countdown to publish for a wait of ``delay`` seconds (whole seconds >= 1
@@ -64,4 +68,4 @@ def policy_for(conf: Any, max_countdown: float | None) -> CountdownPolicy:
     else:
         limit = REDIS_VISIBILITY_TIMEOUT
     cap = max_countdown if max_countdown is not None else limit * SAFETY
-    return CountdownPolicy(cap=cap, whole_seconds=quorum)
+    return CountdownPolicy(cap=cap, whole_seconds=quorum, limit=limit)

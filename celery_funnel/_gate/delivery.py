@@ -6,21 +6,23 @@ The broker keeps a delivered message until it is acked, and gives it to another 
 when it deems the first one gone: the Redis transport past its ``visibility_timeout``
 (counted from the delivery), RabbitMQ when the channel closes (past
 ``consumer_timeout``, or a lost connection). A message the gate keeps longer runs twice.
-So every delivery has two times, counted from its receipt (stamped where Celery's
-consumer first sees the message, before an ETA wait: ``_celery.received``), with the
-countdown cap (``_config.countdown``: half the broker's limit) as the unit:
+So every delivery has three times, counted from its receipt (stamped where Celery's
+consumer first sees the message, before an ETA wait: ``_celery.received``), from the
+broker's limit (``CountdownPolicy.limit``) and the countdown cap (``_config.countdown``:
+half the limit unless ``funnel_max_countdown`` says otherwise):
 
-- ``hold_until`` = receipt + the cap: a wait the gate plans (a hold on the consumer's
-  timer) ends by then; a longer wait moves the task (parked, or published again as a
-  new copy, ``copies``) or hands the message back;
-- ``deadline`` = receipt + 1.5 x the cap (three quarters of the broker's limit): no run
+- ``hold_until`` = receipt + the cap (at most half the limit): a wait the gate plans (a
+  hold on the consumer's timer) ends by then; a longer wait moves the task (parked, or
+  published again as a new copy, ``copies``) or hands the message back;
+- ``deadline`` = receipt + three quarters of the broker's limit, whatever the cap (a
+  message sent with an ETA past a lowered cap still runs at its ETA): no run
   starts from this delivery after it, whatever delayed it (a Redis call that hung, an
   event loop that stalled); the message is handed back to the broker instead
   (``hand_back``). A hand-back is the broker's own requeue, in one step: the Redis
   transport moves the message back to its queue only if it is still un-acked (a
   redelivery that happened meanwhile stays the only copy), RabbitMQ requeues it. No
   second copy appears, so nothing can run twice from it;
-- ``hands_off`` = receipt + 1.8 x the cap (nine tenths of the broker's limit): on a
+- ``hands_off`` = receipt + nine tenths of the broker's limit: on a
   transport that restores messages itself (kombu's Redis transport, past its visibility
   timeout), the message may be with another worker by now, under the same delivery
   tag: acking or rejecting this delivery would ack or requeue that one. Past it the gate
@@ -42,16 +44,19 @@ from billiard.einfo import ExceptionInfo  # type: ignore[import-untyped]
 from celery import signals as celery_signals
 from celery.worker.state import task_ready
 
+from .._config.countdown import CountdownPolicy
+
 __all__ = [
-    "DEADLINE", "EXPIRY_MARGIN_SECONDS", "HANDS_OFF", "RECEIVED_AT", "Delivery", "ack",
+    "DEADLINE", "EXPIRY_MARGIN_SECONDS", "HANDS_OFF", "HOLD", "RECEIVED_AT", "Delivery", "ack",
     "delivery_of", "fail_request", "hand_back", "overdue", "settle_locally", "until_expiry",
 ]  # fmt: skip
 
 logger = logging.getLogger("celery_funnel")
 
 RECEIVED_AT = "celery_funnel_received"  # the attribute of a kombu message: when it came
-DEADLINE = 1.5  # the deadline, in countdown caps after the receipt
-HANDS_OFF = 1.8  # past this (countdown caps after the receipt), the broker is not touched
+HOLD = 0.5  # the longest planned wait, in the broker's limits after the receipt
+DEADLINE = 0.75  # the deadline, in the broker's limits after the receipt
+HANDS_OFF = 0.9  # past this (the broker's limits after the receipt), it is not touched
 _ATTRIBUTE = "_celery_funnel_delivery"  # the attribute of a Celery Request: its Delivery
 # held until its expiry is this much past, so that Celery sees it expired
 EXPIRY_MARGIN_SECONDS = 0.01
@@ -89,17 +94,19 @@ class Delivery:
         return not self.accepted and (bool(token) or self.redelivered)
 
 
-def delivery_of(request: Any, cap: float) -> Delivery:
+def delivery_of(request: Any, countdowns: CountdownPolicy) -> Delivery:
     """The delivery of ``request`` (a Celery worker Request), made on first call from
-    its message's receipt (now, when unstamped), with the countdown ``cap`` (s)."""
+    its message's receipt (now, when unstamped), under the broker's ``countdowns``."""
     found: Delivery | None = getattr(request, _ATTRIBUTE, None)
     if found is None:
         received = getattr(getattr(request, "message", None), RECEIVED_AT, None)
         start = time.monotonic() if received is None else float(received)
         redelivered = bool((request.delivery_info or {}).get("redelivered"))
+        limit = countdowns.limit
         found = Delivery(
-            start, redelivered, start + cap, start + DEADLINE * cap, start + HANDS_OFF * cap
-        )
+            start, redelivered, start + min(countdowns.cap, HOLD * limit),
+            start + DEADLINE * limit, start + HANDS_OFF * limit,
+        )  # fmt: skip
         setattr(request, _ATTRIBUTE, found)
     return found
 

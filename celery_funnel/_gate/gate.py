@@ -123,7 +123,7 @@ class WorkerGate:
         return self.failing.guarded(self._receive, request)
 
     def _receive(self, request: Any) -> Any:
-        delivery = delivery_of(request, self.runtime.countdowns.cap)
+        delivery = delivery_of(request, self.runtime.countdowns)
         try:
             charges = self.charges.of(request.type, request.name, request.args, request.kwargs)
             slot_funnels = self.slot_funnels.of(
@@ -162,7 +162,7 @@ class WorkerGate:
             subject = subject_of(request, self.options, fair, self.transport)
         except Exception as error:  # a bad option value fails its task only
             return self.failing.fail(request, error, False)
-        delivery = delivery_of(request, self.runtime.countdowns.cap)
+        delivery = delivery_of(request, self.runtime.countdowns)
         return self._run(Arrival(request, charges, slot_funnels, state, subject, delivery))
 
     def _run(self, arrival: Arrival) -> Any:

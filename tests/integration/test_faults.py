@@ -11,8 +11,10 @@ policy is covered in test_celery_outage.py.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import time
 from collections import Counter
 from collections.abc import Iterator
 from functools import partial
@@ -231,6 +233,24 @@ def test_waits_longer_than_the_visibility_timeout_run_once(
     assert (result["lost"], result["twice"]) == (0, 0)
     starts = sorted(r["at"] for r in runs(funnel_url) if r["name"] == task)
     assert starts[-1] - starts[0] >= 4 * 2 - 0.2, "one start per 2 s"
+
+
+def test_an_eta_past_a_lowered_countdown_cap_runs_at_its_eta(funnel_url: str) -> None:
+    """``funnel_max_countdown`` = 1 s, the broker's visibility timeout its default hour:
+    tasks sent with a 3 s countdown run at their ETA, once each. Before the fix a
+    delivery's deadline was counted in caps (1.5 s after its receipt), so at its ETA the
+    message was left to the broker for the rest of the visibility timeout."""
+    env = {"FUNNEL_TEST_CONF": json.dumps({"funnel_max_countdown": 1.0})}
+    app = make_app(funnel_url, funnel_url, task_ignore_result=True)
+    with start_workers(funnel_url, funnel_url, env=env) as workers:
+        sent_at = time.time()
+        limited = app.tasks["proj.limited"]
+        ids = [limited.apply_async((n,), countdown=3).id for n in range(3)]
+        wait_for_all(funnel_url, workers, ids, 30)
+    close_app(app)
+    result = outcome(funnel_url, "proj.limited", 3)
+    assert (result["lost"], result["twice"]) == (0, 0)
+    assert min(r["at"] for r in runs(funnel_url)) >= sent_at + 3 - 0.05, "not before its ETA"
 
 
 def test_sixty_seconds_of_clock_skew_between_two_workers(funnel_url: str) -> None:

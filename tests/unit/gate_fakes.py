@@ -323,7 +323,7 @@ class Fakes:
         return request
 
     def delivery(self, request: Request) -> Delivery:
-        return delivery_of(request, self.runtime.countdowns.cap)
+        return delivery_of(request, self.runtime.countdowns)
 
     def advance(self, seconds: float) -> None:
         """Let ``seconds`` pass: on the funnels' clock, and for every delivery seen."""

@@ -43,8 +43,8 @@ from celery_funnel._limiter.values import check_plain, did_you_mean, format_fiel
     ],
 )
 def test_countdown_cap_follows_the_broker(conf: dict[str, object], cap: float, whole: bool) -> None:
-    assert policy_for(conf, None) == CountdownPolicy(cap, whole)
-    assert policy_for(conf, 7.5).cap == 7.5  # funnel_max_countdown wins
+    assert policy_for(conf, None) == CountdownPolicy(cap, whole, limit=2 * cap)
+    assert policy_for(conf, 7.5) == CountdownPolicy(7.5, whole, limit=2 * cap)  # the cap only
 
 
 def test_countdowns() -> None:
