@@ -44,17 +44,16 @@ from billiard.einfo import ExceptionInfo  # type: ignore[import-untyped]
 from celery import signals as celery_signals
 from celery.worker.state import task_ready
 
-from .._config.countdown import CountdownPolicy
+from .._config.countdown import SAFETY, CountdownPolicy
 
 __all__ = [
-    "DEADLINE", "EXPIRY_MARGIN_SECONDS", "HANDS_OFF", "HOLD", "RECEIVED_AT", "Delivery", "ack",
+    "DEADLINE", "EXPIRY_MARGIN_SECONDS", "HANDS_OFF", "RECEIVED_AT", "Delivery", "ack",
     "delivery_of", "fail_request", "hand_back", "overdue", "settle_locally", "until_expiry",
 ]  # fmt: skip
 
 logger = logging.getLogger("celery_funnel")
 
 RECEIVED_AT = "celery_funnel_received"  # the attribute of a kombu message: when it came
-HOLD = 0.5  # the longest planned wait, in the broker's limits after the receipt
 DEADLINE = 0.75  # the deadline, in the broker's limits after the receipt
 HANDS_OFF = 0.9  # past this (the broker's limits after the receipt), it is not touched
 _ATTRIBUTE = "_celery_funnel_delivery"  # the attribute of a Celery Request: its Delivery
@@ -104,7 +103,7 @@ def delivery_of(request: Any, countdowns: CountdownPolicy) -> Delivery:
         redelivered = bool((request.delivery_info or {}).get("redelivered"))
         limit = countdowns.limit
         found = Delivery(
-            start, redelivered, start + min(countdowns.cap, HOLD * limit),
+            start, redelivered, start + min(countdowns.cap, SAFETY * limit),
             start + DEADLINE * limit, start + HANDS_OFF * limit,
         )  # fmt: skip
         setattr(request, _ATTRIBUTE, found)
