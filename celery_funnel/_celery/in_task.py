@@ -23,6 +23,7 @@ from .._gate.judge import Ruling, Subject, judge, report_wait
 from .._gate.publish import republish
 from .._gate.state import State, admitted_by_gate, requeued
 from .._limiter.errors import BackendError
+from .._stores.copies import CopiesBusyError
 
 __all__ = ["decide", "defer"]
 
@@ -76,8 +77,9 @@ def defer(
 ) -> None:
     """Publish the run of ``task`` again for ``step.delay`` (capped), as a new copy
     recorded first (``_gate.copies``), and end this one (raises ``Ignore``). Where the
-    funnels' Redis cannot record it, the copy carries the run's own token: it then goes
-    on as this run's message would, delivered again."""
+    funnels' Redis cannot record it (it fails, or another send of the task id goes
+    first), the copy carries the run's own token: it then goes on as this run's message
+    would, delivered again."""
     request = task.request
     countdown = runtime.countdowns.countdown(step.delay)
     report_wait(
@@ -87,7 +89,7 @@ def defer(
     token = new_token()
     try:
         moved = CopyGuard(runtime).move(request, step.state, token)
-    except BackendError as error:
+    except (BackendError, CopiesBusyError) as error:
         logger.warning("celery-funnel: task %s[%s]: the copy deferred is not recorded (%s)",
                        task.name, request.id, error)  # fmt: skip
         moved, token = True, step.state.release

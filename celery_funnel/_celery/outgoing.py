@@ -14,6 +14,11 @@ Every publish goes through ``amqp.send_task_message``, which sends
 publishes: there, a message published inside a run loses the header unless the gate
 is the publisher (``_gate.publish.gate_publishes``).
 
+Every other message gets a mark of its own send (``SEND``, a new one each time a task is
+sent; a retry of a run keeps the run's, and the gate's own publishes keep the one they
+carry): the copies' records tell two sends of one task id apart by it
+(``_gate.publish.origin``), as plain Celery runs both.
+
 One field outlives its run: a message of the run's own task id (a retry, a replacement)
 that a gate may park gets the token of the parked release the run came from, and
 nothing else. The parked-task store tells copies of a task apart by its id and that
@@ -23,6 +28,7 @@ be dropped as stale when parked.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import MutableMapping
 from typing import Any
 
@@ -34,7 +40,7 @@ from .._config.runtime import runtime_for
 from .._gate.charges import matching
 from .._gate.follow import FOLLOWS
 from .._gate.publish import gate_publishes
-from .._gate.state import HEADER
+from .._gate.state import HEADER, SEND
 
 __all__ = ["connect"]
 
@@ -43,9 +49,11 @@ def _on_before_publish(sender: Any = None, headers: Any = None, **_: Any) -> Non
     if not isinstance(headers, MutableMapping) or gate_publishes():
         return
     task = get_current_worker_task()
+    own_id = task is not None and headers.get("id") == task.request.id  # a retry, a replacement
+    if not own_id:  # a send of its own (a mark copied from a run's headers is not its own)
+        headers[SEND] = uuid.uuid4().hex
     if task is None:
         return  # not sent by a run (a client, the gate's event loop, the releaser)
-    own_id = headers.get("id") == task.request.id  # a retry, a replacement
     if (HEADER not in headers and not own_id) or not runtime_for(task.app).installed:
         return  # most messages
     headers.pop(HEADER, None)
@@ -82,8 +90,8 @@ def _parkable(app: Any, name: str) -> bool:
 
 
 def connect() -> None:
-    """Connect the receiver that keeps runs' headers out of what they send (once per
-    process; pool processes inherit it)."""
+    """Connect the receiver that marks each send and keeps runs' headers out of what
+    they send (once per process; pool processes inherit it)."""
     signals.before_task_publish.connect(
         _on_before_publish, dispatch_uid="celery_funnel.outgoing_header", weak=False
     )

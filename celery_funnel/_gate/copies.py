@@ -20,7 +20,7 @@ from typing import Any
 
 from .._config.runtime import Runtime
 from .._limiter.errors import BackendError
-from .._stores.copies import Copies
+from .._stores.copies import Copies, CopiesBusyError
 from .publish import origin
 from .state import State
 
@@ -54,10 +54,12 @@ class CopyGuard:
             client = runtime.funnel.client
             self.store = Copies(client, runtime.settings.key_prefix)
 
-    def accept(self, request: Any, state: State) -> BackendError | bool:
+    def accept(self, request: Any, state: State) -> BackendError | CopiesBusyError | bool:
         """Whether ``request`` (a Celery worker Request, carrying ``state``) goes on:
-        True, False (a stale copy: drop it), or the ``BackendError`` that kept the
-        funnels' Redis from saying (the copy waits and is checked again)."""
+        True, False (a stale copy: drop it), the ``BackendError`` that kept the
+        funnels' Redis from saying (the copy waits and is checked again), or
+        ``CopiesBusyError``: another send of its task id goes first (it waits, and is
+        checked again)."""
         if self.store is None:
             return True
         redelivered = bool((request.delivery_info or {}).get("redelivered"))
@@ -69,6 +71,9 @@ class CopyGuard:
         except BackendError as error:
             self.runtime.outage.failed(error, "defer")
             return error
+        except CopiesBusyError as busy:
+            self.runtime.outage.answered()
+            return busy
         self.runtime.outage.answered()
         if not fresh:
             logger.info(
@@ -84,6 +89,7 @@ class CopyGuard:
 
         Raises:
             BackendError: when the funnels' Redis fails (publish nothing).
+            CopiesBusyError: another send of its task id goes first (publish nothing).
         """
         if self.store is None:
             return True

@@ -41,7 +41,7 @@ class Failing:
                     "celery-funnel: task %s[%s]: the gate failed, and so did failing the"
                     " task; the broker delivers it again", request.name, request.id,
                 )  # fmt: skip
-                self.held.forget(request.id)
+                self.held.forget(request)
                 task_ready(request)
                 return None
 
@@ -54,6 +54,6 @@ class Failing:
                 "celery-funnel: task %s[%s] failed in the gate: %s: %s",
                 request.name, request.id, type(error).__name__, error,
             )  # fmt: skip
-        self.held.forget(request.id)
+        self.held.forget(request)
         self.held.backend_of(request)
         fail_request(request, error)

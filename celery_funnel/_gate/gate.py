@@ -199,16 +199,17 @@ class WorkerGate:
 
     def _accept(self, arrival: Arrival) -> Any:
         """Check ``arrival``'s copy: go on (decide it), drop it (a stale copy), or, when
-        the funnels' Redis cannot say, wait and check again (never run unchecked)."""
-        request, state = arrival.request, arrival.state
-        verdict = self.copies.accept(request, state)
+        the funnels' Redis cannot say or another send of its task id goes first, wait
+        and check again (never run unchecked)."""
+        request = arrival.request
+        verdict = self.copies.accept(request, arrival.state)
         if verdict is True:
             arrival.delivery.accepted = True
             return self._run(arrival)
         if verdict is False:
             ack(request)
             return None
-        return self.waits.wait(arrival, waiting(self.runtime, state))
+        return self.waits.recheck(arrival, verdict)
 
     def _follow(self, arrival: Arrival, holder: str) -> Any:
         """A follower of ``holder`` (``follow``): ``OWN`` when it runs its own body (it
@@ -254,7 +255,7 @@ class WorkerGate:
         if arrival.delivery.past_deadline():
             if lease is not None:
                 self.slot_funnels.free(lease)
-            self.held.forget(request.id)
+            self.held.forget(request)
             return hand_back(request, "its delivery's deadline passed before it could start")
         more = lease.header() if lease is not None else {}
         request.request_dict[HEADER] = arrival.state.header(gate=gate_mark(), **more)

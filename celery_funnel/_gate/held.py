@@ -65,8 +65,10 @@ class Held:
 
     def __init__(self, runtime: Runtime, consumer: Any, release: Release) -> None:
         self.runtime, self.consumer, self.release = runtime, consumer, release
-        self._held: dict[str, tuple[Any, Any, Sequence[Charge], State]] = {}
-        self._etas: dict[str, Any] = {}  # the eta each held request came with
+        # by request (id()), not task id: two messages of one task id may be held at once
+        # (two sends of it, or a copy and the original delivered again)
+        self._held: dict[int, tuple[Any, Any, Sequence[Charge], State]] = {}
+        self._etas: dict[int, Any] = {}  # the eta each held request came with
         self._sweeper: Any = None
         self.nudge = Nudge(consumer)  # wakes held requests from other threads, at once
         # the result backends used to end tasks here (Celery keeps one per thread)
@@ -95,14 +97,14 @@ class Held:
         self.nudge.watch()  # on the loop: a wake from another thread reaches it at once
         self.consumer.qos.increment_eventually()
         entry = timer.call_after(delay, self._due, (request,), priority=6)
-        self._held[request.id] = (request, entry, charges, state)
-        self._etas.setdefault(request.id, _scheduled(request, delay))
+        self._held[id(request)] = (request, entry, charges, state)
+        self._etas.setdefault(id(request), _scheduled(request, delay))
         if self._sweeper is None:
             self._sweeper = timer.call_repeatedly(SWEEP_SECONDS, self.sweep, priority=6)
 
-    def forget(self, task_id: str) -> None:
-        """Stop holding ``task_id`` (it is being failed or passed on)."""
-        held = self._held.pop(task_id, None)
+    def forget(self, request: Any) -> None:
+        """Stop holding ``request`` (it is being failed or passed on)."""
+        held = self._held.pop(id(request), None)
         if held is not None:
             self.consumer.timer.cancel(held[1])
             self.consumer.qos.decrement_eventually()
@@ -110,14 +112,14 @@ class Held:
 
     def _reserved(self, request: Any) -> None:
         """``request`` waits no more: back in the reserved set, with its own eta."""
-        _set_eta(request, self._etas.pop(request.id, None))
+        _set_eta(request, self._etas.pop(id(request), None))
         task_reserved(request)
 
     def _due(self, request: Any) -> None:
-        held = self._held.get(request.id)
+        held = self._held.get(id(request))
         if held is None or held[0] is not request:
             return  # dropped with its connection, or revoked
-        del self._held[request.id]
+        del self._held[id(request)]
         _request, _entry, charges, state = held
         self.consumer.qos.decrement_eventually()
         self._reserved(request)
@@ -135,16 +137,16 @@ class Held:
         self.nudge.call(self._wake_tasks, tuple(task_ids))
 
     def _wake_tasks(self, task_ids: tuple[str, ...]) -> None:
-        for task_id in task_ids:
-            held = self._held.get(task_id)
-            if held is not None:
-                self.forget(task_id)
-                self.release(held[0], held[2], held[3])
+        woken = set(task_ids)
+        for request, _entry, charges, state in list(self._held.values()):
+            if request.id in woken:
+                self.forget(request)
+                self.release(request, charges, state)
 
     def _wake(self, labels: frozenset[str]) -> None:
-        for task_id, (request, _entry, charges, state) in list(self._held.items()):
+        for request, _entry, charges, state in list(self._held.values()):
             if any(charge.label in labels for charge in charges):
-                self.forget(task_id)
+                self.forget(request)
                 # a slot booked under the old limit is not redeemed: it decides anew
                 self.release(request, charges, state._replace(booked=False))
 
@@ -153,14 +155,14 @@ class Held:
         back every one past its delivery's deadline."""
         now = time.monotonic()
         # list() copies at once: without an event loop the timer runs on its own thread
-        for task_id, (request, _entry, charges, state) in list(self._held.items()):
-            if task_id in revoked_tasks:
-                self.forget(task_id)
-                cancel_run_booking(self.runtime, charges, state, task_id)
+        for request, _entry, charges, state in list(self._held.values()):
+            if request.id in revoked_tasks:
+                self.forget(request)
+                cancel_run_booking(self.runtime, charges, state, request.id)
                 self.backend_of(request)
                 request.revoked()  # REVOKED, task_revoked, acked: as Celery ends them
             elif overdue(request, now):
-                self.forget(task_id)
+                self.forget(request)
                 hand_back(request, "held past its delivery's deadline")
 
     def drop(self) -> int:
@@ -169,7 +171,7 @@ class Held:
         held, self._held = self._held, {}
         for request, entry, _charges, _state in held.values():
             self.consumer.timer.cancel(entry)
-            _set_eta(request, self._etas.pop(request.id, None))
+            _set_eta(request, self._etas.pop(id(request), None))
             task_ready(request)  # forgotten by the worker too (not a reserved one)
         if held:
             logger.info(

@@ -9,11 +9,14 @@ import socket
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-__all__ = ["HEADER", "State", "admitted_by_gate", "gate_mark", "requeued"]
+__all__ = ["HEADER", "SEND", "State", "admitted_by_gate", "gate_mark", "requeued"]
 
 # the message header the gate writes and reads: this module owns it (what it carries,
 # ``State``; the gate's mark); only the gate's own publishes carry it (``_celery.outgoing``)
 HEADER = "celery_funnel"
+# the message header that marks one send of a task (``_celery.outgoing``): every copy the
+# gate makes of it keeps the mark, another send of the same task id has another
+SEND = "celery_funnel_send"
 _HOST = socket.gethostname()  # read once: the gate marks every run it admits
 
 

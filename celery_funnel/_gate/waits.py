@@ -18,13 +18,14 @@ from typing import Any, NamedTuple
 from .._config.outage import BACKOFF_FIRST_SECONDS
 from .._config.runtime import Runtime
 from .._config.waiting import Way
+from .._stores.copies import CopiesBusyError
 from .arrival import Arrival
 from .charges_decide import lead
 from .copies import CopyGuard, new_token
 from .delivery import ack, hand_back, until_expiry
 from .fair import fair_charge
 from .held import Held
-from .judge import Ruling, report_wait
+from .judge import Ruling, report_wait, waiting
 from .parking import Parking
 from .publish import republish
 from .state import State, requeued
@@ -178,6 +179,16 @@ class Waits:
             hand_back(arrival.request, "no decision could be had in time")
         else:
             self.hold(arrival, state, min(delay, left))
+
+    def recheck(self, arrival: Arrival, why: Exception) -> None:
+        """``arrival``'s copy could not be checked (``why``): another send of its task
+        id goes first (``CopiesBusyError``: held a little, then checked again), or the
+        funnels' Redis failed (it waits an outage back-off). Handed back to the broker
+        when its delivery has too little left."""
+        if isinstance(why, CopiesBusyError):
+            self.retry(arrival, arrival.state, BACKOFF_FIRST_SECONDS)
+        else:
+            self.wait(arrival, waiting(self.runtime, arrival.state))
 
     def _stale(self, request: Any) -> None:
         """Drop ``request``: another copy of its task was accepted."""

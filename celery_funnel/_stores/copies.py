@@ -10,6 +10,10 @@ the one accepted, else the first accepted of those published. A copy is checked 
 arrives carrying a token, or when the broker delivers a message again; a message as
 first sent, delivered once, goes on without a check (nothing copied it yet).
 
+A record follows one send of a task id at a time (``_gate.publish.origin`` tells sends
+apart): a copy of another send of the id, while the first one's is on its way (parked,
+or a copy published and not accepted yet), waits: ``CopiesBusyError``.
+
 The records live beside the parked tasks (one hash tag), for ``KEEP_SECONDS`` after
 their last change; a copy arriving after its record expired goes on (the record is
 made again, so that a second copy arriving later is dropped).
@@ -19,14 +23,34 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from .._limiter.errors import FunnelError
 from .._limiter.scripts import RedisClient
 from .store import ParkedStore
 
-__all__ = ["KEEP_SECONDS", "Copies"]
+__all__ = ["KEEP_SECONDS", "Copies", "CopiesBusyError", "busy"]
 
 US = 1_000_000
 KEEP_SECONDS = 3600.0  # records of copies settled this long ago are forgotten
 BATCH = 500  # runs recorded per call
+BUSY = 2  # the scripts' reply: another send of the task id is on its way
+
+
+class CopiesBusyError(FunnelError):
+    """Another send of this task id is on its way (parked, or a copy of it published
+    and not accepted yet): the copies' record follows that one until it settles. The
+    message held is kept, and checked or moved again later; nothing is dropped."""
+
+
+def busy(task_id: str, reply: int) -> int:
+    """``reply`` (a script's first one), unless it says another send of ``task_id`` is
+    on its way.
+
+    Raises:
+        CopiesBusyError: when it does.
+    """
+    if reply == BUSY:
+        raise CopiesBusyError(f"another send of task {task_id} waits: this one waits after it")
+    return reply
 
 
 class Copies(ParkedStore):
@@ -57,12 +81,16 @@ class Copies(ParkedStore):
         ``task_id``: True when it goes on (it is the accepted copy now), False to drop
         it. ``origin``: what tells copies of one message from another message given the
         same id (``_gate.publish.origin``). ``drop``: the task was revoked; settle its
-        record and let no copy go on. ``redelivered``: the broker delivered it again."""
+        record and let no copy go on. ``redelivered``: the broker delivered it again.
+
+        Raises:
+            CopiesBusyError: another send of ``task_id`` is on its way (check it again later).
+        """
         flag = "drop" if drop else ""
         keep = round(KEEP_SECONDS * US)
         again = "1" if redelivered else "0"
         reply = self._script(self._accept, self.keys, task_id, token, flag, origin, keep, again)
-        return bool(reply[0])
+        return bool(busy(task_id, int(reply[0])))
 
     def ran(self, runs: Iterable[tuple[str, str]]) -> int:
         """Runs started from these copies (task id, token) whose acks may not have
@@ -77,8 +105,12 @@ class Copies(ParkedStore):
     def move(self, task_id: str, held: str, new: str, origin: str = "") -> bool:
         """Record that copy ``new`` of task ``task_id`` is about to be published by the
         worker that holds copy ``held``: True to publish it (then ack the one held),
-        False when the one held is stale (drop it, publish nothing)."""
+        False when the one held is stale (drop it, publish nothing).
+
+        Raises:
+            CopiesBusyError: another send of ``task_id`` is on its way (keep the one held).
+        """
         reply = self._script(
             self._move, self.keys, task_id, held, new, origin, round(KEEP_SECONDS * US)
         )
-        return bool(reply[0])
+        return bool(busy(task_id, int(reply[0])))

@@ -39,7 +39,7 @@ from kombu.entity import Queue
 from kombu.messaging import Producer
 
 from .._limiter.scripts import RedisClient
-from .copies import Copies
+from .copies import Copies, busy
 from .fair import FairStore
 from .store import ParkedStore, text
 
@@ -159,7 +159,11 @@ class ParkStore(ParkedStore):
         (``lua/park.lua``). Returns its release time as the server set it (µs since
         the epoch: what ``postpone`` asks for), or None when that copy is stale
         (another copy was accepted, or the task is parked already): the caller drops
-        it."""
+        it.
+
+        Raises:
+            CopiesBusyError: another send of ``task_id`` is on its way (keep the message).
+        """
         wait_us = max(round(wait * US), 0)
         label = str(message["meta"]["funnel"])
         copy, lease = backup or ("", 0.0)
@@ -167,7 +171,7 @@ class ParkStore(ParkedStore):
             self._park, self.keys, task_id, wait_us, encode_message(message), token, label,
             origin, copy, max(round(lease * US), 0),
         )  # fmt: skip
-        return int(reply[1]) if int(reply[0]) else None
+        return int(reply[1]) if busy(task_id, int(reply[0])) else None
 
     def postpone(self, task_id: str, release: int, wait: float) -> bool:
         """Move the release of parked task ``task_id`` to ``wait`` seconds from now, if

@@ -113,9 +113,11 @@ end
 
 -- Whether a message carrying token `carried` ("" when none) and of `origin` is a copy
 -- of the message the record of `id` is about. A message without a token, of an origin
--- new to its id, is a task of its own (Celery's `replace` gives the last task of a
--- chain, or the body of a chord, the replaced task's id; another run sends it): the
--- record starts afresh for it. False: it is a copy of an earlier message under this id.
+-- new to its id, is a task of its own (another send of the id, or Celery's `replace`,
+-- which gives the last task of a chain, or the body of a chord, the replaced task's id):
+-- the record starts afresh for it once the message it is about settled (a copy of it
+-- accepted, none on its way); until then 'busy' (the new one waits: the record cannot
+-- follow two). False: it is a copy of an earlier message under this id.
 local function same_message(id, carried, origin)
   if carried ~= '' or origin == '' then
     return true
@@ -130,6 +132,10 @@ local function same_message(id, carried, origin)
   elseif string.find(seen .. '\0', this .. '\0', 1, true) then
     return false  -- a copy of an earlier message under this id
   else
+    local kind, _, pending = read_copies(id)
+    if kind == 'parked' or (kind == 'copies' and #pending > 0) then
+      return 'busy'
+    end
     redis.call('HSET', accepted, field, string.sub(seen, 2) .. this)
     redis.call('HDEL', accepted, id)
     redis.call('ZREM', accepted_at, id)
@@ -169,13 +175,15 @@ end
 
 -- what a script about copy `token` of task `id` reads first, once the records of at most
 -- 10 copies settled `keep` seconds ago are gone: nil when the message held is not the
--- task's (same_message, `origin`), else now (microseconds) and the kind, owner and
--- pending copies of `id` (read_copies)
+-- task's, 'busy' when another send of its id is still on its way (same_message,
+-- `origin`), else now (microseconds) and the kind, owner and pending copies of `id`
+-- (read_copies)
 local function open_copies(id, token, keep, origin)
   local now = server_now()
   expire_copies(now, keep, 10)
-  if not same_message(id, token, origin) then
-    return nil
+  local same = same_message(id, token, origin)
+  if same ~= true then
+    return same or nil
   end
   local kind, owner, pending = read_copies(id)
   return now, kind, owner, pending

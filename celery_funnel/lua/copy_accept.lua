@@ -9,12 +9,16 @@
 -- ARGV[5]  keep settled records this long, microseconds
 -- ARGV[6]  "1" when the broker delivered this message again
 -- Reply    1: this copy goes on (it is the accepted one now); 0: drop it (another copy
---          was accepted, or the task is parked, purged or revoked)
+--          was accepted, or the task is parked, purged or revoked); 2: another send
+--          of the task id is on its way (this one waits: check it again later)
 -- The first copy accepted wins: the others, delivered later, are dropped. Accepting a
 -- released copy forgets the parked entry its release kept.
 
 local id, token = ARGV[1], ARGV[2]
 local now, kind, owner, pending = open_copies(id, token, tonumber(ARGV[5]), ARGV[4])
+if now == 'busy' then
+  return 2
+end
 if not now then
   return 0
 end

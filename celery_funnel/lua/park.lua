@@ -12,7 +12,8 @@
 -- ARGV[8]  (a backup) how long the claim lasts, µs: the copy's countdown and a grace
 -- Reply    {1, release time µs} when parked; {0, 0} when this message is a stale copy
 --          (another copy was accepted, or the task is parked already: the caller
---          drops this one)
+--          drops this one); {2, 0} when another send of the task id is on its way
+--          (parked, or a copy of it published): nothing parked, the caller keeps it
 -- A backup is the entry of a copy published again with a countdown (a wait the worker
 -- may not hold, where nothing is parked): not counted as parked (no label), forgotten
 -- when a worker accepts the copy, and published again by a releaser should none have
@@ -23,7 +24,11 @@
 -- dropped; its release publishes the one copy that goes on.
 
 local id, carried = ARGV[1], ARGV[4]
-if not same_message(id, carried, ARGV[6]) then
+local same = same_message(id, carried, ARGV[6])
+if same == 'busy' then
+  return {2, 0}
+end
+if not same then
   return {0, 0}
 end
 local kind, owner, pending = read_copies(id)

@@ -18,6 +18,7 @@ from celery.worker import state as worker_state
 
 from celery_funnel import ConfigurationError
 from celery_funnel._config.runtime import runtime_for
+from celery_funnel._stores.copies import CopiesBusyError
 from celery_funnel._stores.park import ParkStore, Release, capture
 from celery_funnel.testing import RedisServer
 from tests.integration.proj import close_app, make_app, runs
@@ -184,6 +185,33 @@ def test_a_later_message_given_a_released_tasks_id_is_a_task_of_its_own(
     assert not store.park("a", 0.0, message(1), "", later), "the later, delivered again"
     assert store.park("a", 0.0, message(1), again.token, later), "its release, deferred again"
     assert store.count() == 1
+
+
+def test_two_sends_of_one_task_id_wait_in_turn_and_each_runs(store: ParkStore) -> None:
+    """Two sends of one task id (each with its own mark, the origin's last line): the
+    copies' record follows the first until a copy of it is accepted; the second waits
+    meanwhile (``CopiesBusyError``: parked, moved or checked), then starts a record of
+    its own. Copies of the first stay stale after."""
+    first, second = "t\n\n0\nsend-1", "t\n\n0\nsend-2"
+    assert store.park("a", 0.0, message(), "", first)
+    for wait in (
+        lambda: store.park("a", 0.0, message(1), "", second),
+        lambda: store.copies.move("a", "", "n1", second),
+        lambda: store.copies.accept("a", "", second, redelivered=True),
+    ):
+        with pytest.raises(CopiesBusyError):
+            wait()
+    _, _, (release,) = store.claim(0.0, 30.0, 10, 3600.0)
+    with pytest.raises(CopiesBusyError):
+        store.park("a", 0.0, message(1), "", second)  # released: no copy accepted yet
+    assert store.accept("a", release.token)
+    assert store.park("a", 0.0, message(1), "", second), "the first settled: the second"
+    assert not store.park("a", 0.0, message(), "", first), "the first, delivered again"
+    _, _, (again,) = store.claim(0.0, 30.0, 10, 3600.0)
+    assert again.message["headers"]["id"] == "id1"
+    assert store.accept("a", again.token)
+    assert store.copies.move("a", "", "n2", "t\n\n0\nsend-3"), "a third send, later"
+    assert store.copies.accept("a", "n2")
 
 
 def test_a_tasks_records_go_with_it(store: ParkStore, redis_client: redis.Redis) -> None:

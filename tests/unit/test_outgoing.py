@@ -1,7 +1,8 @@
 """The ``celery_funnel`` header in what a run publishes (``_outgoing``), through Celery's
 own publish on its in-memory broker: a run's header never goes out with what it sends;
 the gate's publishes keep theirs; a retry of a task a gate may park keeps only the
-token of the parked release it came from."""
+token of the parked release it came from. Every send gets a mark of its own (``SEND``),
+which a retry and the gate's publishes keep."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from celery.exceptions import Retry
 
 from celery_funnel import FunnelTask, install
 from celery_funnel._gate.publish import gate_publishing
-from celery_funnel._gate.state import HEADER
+from celery_funnel._gate.state import HEADER, SEND
 
 # what a gate wrote into a run's request (a released copy: a release token)
 GATE_HEADER = {"deferrals": 2, "booked": True, "release": "t1", "promised": {"k": 1}}
@@ -104,3 +105,25 @@ def test_the_gate_and_senders_outside_runs_keep_their_header(
         outsider.tasks["o.plain"].apply_async(headers={HEADER: {"deferrals": 4}})
     app.tasks["o.plain"].apply_async(headers={HEADER: {"deferrals": 5}})  # a client
     assert [m[HEADER] for m in published] == [{"deferrals": n} for n in (3, 4, 5)]
+
+
+def test_every_send_has_a_mark_of_its_own_that_retries_and_the_gate_keep(
+    published: list[dict[str, Any]],
+) -> None:
+    app = make_app()
+    funnelled = app.tasks["o.funnelled"]
+    one_id = str(uuid.uuid4())
+    funnelled.apply_async(task_id=one_id)  # a client: twice with one id
+    funnelled.apply_async(task_id=one_id)
+    with running(funnelled, {"release": "t1"}) as task_id:
+        funnelled.request.headers[SEND] = "the-runs-mark"
+        app.tasks["o.plain"].apply_async(headers=dict(funnelled.request.headers))  # copied
+        with gate_publishing():  # the gate publishes this run again: its mark goes on
+            funnelled.apply_async(task_id=task_id, headers={SEND: "the-runs-mark"})
+        with pytest.raises(Retry):
+            funnelled.retry(countdown=0)
+    marks = [m.get(SEND) for m in published]
+    assert all(marks)
+    assert marks[0] != marks[1], "two sends of one id: two marks"
+    assert marks[2] not in (None, "the-runs-mark"), "another task sent from a run: its own"
+    assert marks[3:] == ["the-runs-mark", "the-runs-mark"], "the gate's copy, the retry"
