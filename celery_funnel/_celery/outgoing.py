@@ -15,15 +15,16 @@ publishes: there, a message published inside a run loses the header unless the g
 is the publisher (``_gate.publish.gate_publishes``).
 
 Every other message gets a mark of its own send (``SEND``, a new one each time a task is
-sent; a retry of a run keeps the run's, and the gate's own publishes keep the one they
-carry): the copies' records tell two sends of one task id apart by it
-(``_gate.publish.origin``), as plain Celery runs both.
+sent; the gate's own publishes keep the one they carry): the copies' records tell two
+sends of one task id apart by it (``_gate.publish.origin``), as plain Celery runs both.
+A message of a marked run's own task id (a retry, a replacement) is a send of its own
+too: a new mark, nothing else of the run's header.
 
-One field outlives its run: a message of the run's own task id (a retry, a replacement)
-that a gate may park gets the token of the parked release the run came from, and
-nothing else. The parked-task store tells copies of a task apart by its id and that
-token: without it, the new message would look like the original delivered again, and
-be dropped as stale when parked.
+One field outlives a run without a mark (sent by a producer without celery-funnel): a
+message of the run's own task id that a gate may park gets the token of the parked
+release the run came from, and nothing else. The parked-task store tells copies of a
+task apart by its id and that token: without it, the new message would look like the
+original delivered again, and be dropped as stale when parked.
 """
 
 from __future__ import annotations
@@ -49,19 +50,26 @@ def _on_before_publish(sender: Any = None, headers: Any = None, **_: Any) -> Non
     if not isinstance(headers, MutableMapping) or gate_publishes():
         return
     task = get_current_worker_task()
-    own_id = task is not None and headers.get("id") == task.request.id  # a retry, a replacement
-    if not own_id:  # a send of its own (a mark copied from a run's headers is not its own)
+    if task is None:  # not sent by a run (a client, the gate's event loop, the releaser)
         headers[SEND] = uuid.uuid4().hex
-    if task is None:
-        return  # not sent by a run (a client, the gate's event loop, the releaser)
+        return
+    own_id = headers.get("id") == task.request.id  # a retry, a replacement
+    lineage = own_id and not _marked(task.request)  # a run of a producer without marks
+    if not lineage:  # a send of its own (a mark copied from a run's headers is not its own)
+        headers[SEND] = uuid.uuid4().hex
     if (HEADER not in headers and not own_id) or not runtime_for(task.app).installed:
         return  # most messages
     headers.pop(HEADER, None)
     if own_id:  # a retry of a follower that runs its own body follows nothing
         headers.pop(FOLLOWS, None)
-    release = _lineage(task, str(headers.get("task") or sender)) if own_id else ""
+    release = _lineage(task, str(headers.get("task") or sender)) if lineage else ""
     if release:
         headers[HEADER] = {"release": release}
+
+
+def _marked(request: Any) -> bool:
+    """Whether the run of ``request`` (a Celery ``Context``) came from a marked send."""
+    return bool(getattr(request, SEND, None) or (request.headers or {}).get(SEND))
 
 
 def _lineage(task: Any, name: str) -> str:

@@ -7,8 +7,9 @@
 --   leases       sorted set  task id -> end of a releaser's claim (µs)
 --   accepted     hash        task id -> its copies: which copy of the task may go on
 --                            (see read_copies below); and "origin\0<task id>" -> the
---                            origins of the messages parked or moved under that id
---                            (same_message), kept as long as its record
+--                            origins of the messages checked, parked or moved under
+--                            that id, each earlier one with its accepted copy
+--                            (read_sends, same_message), kept as long as its record
 --   accepted_at  sorted set  task id -> when that last changed (µs), to expire it
 --   labels       hash        task id -> the funnel(s) that deferred it
 --   counts       hash        label -> how many parked tasks it holds
@@ -111,36 +112,80 @@ local function copies_state(owner, pending)
   return state
 end
 
--- Whether a message carrying token `carried` ("" when none) and of `origin` is a copy
--- of the message the record of `id` is about. A message without a token, of an origin
--- new to its id, is a task of its own (another send of the id, or Celery's `replace`,
--- which gives the last task of a chain, or the body of a chord, the replaced task's id):
--- the record starts afresh for it once the message it is about settled (a copy of it
--- accepted, none on its way); until then 'busy' (the new one waits: the record cannot
--- follow two). False: it is a copy of an earlier message under this id.
-local function same_message(id, carried, origin)
-  if carried ~= '' or origin == '' then
-    return true
+-- The messages under one id (field origin_field(id)): their origins, oldest first,
+-- joined by "\0"; an earlier one keeps, after a "\1", the copy of it that was accepted
+-- when the record moved on to a later one (none: every copy of it is stale).
+local function read_sends(id)
+  local sends = {}
+  for entry in string.gmatch(redis.call('HGET', accepted, origin_field(id)) or '', '[^%z]+') do
+    local mark = string.find(entry, '\1', 1, true)
+    sends[#sends + 1] = mark and {string.sub(entry, 1, mark - 1), string.sub(entry, mark + 1)}
+      or {entry, false}
   end
-  local field = origin_field(id)
-  local seen = '\0' .. (redis.call('HGET', accepted, field) or '')
-  local this = '\0' .. origin
-  if seen == '\0' then
-    redis.call('HSET', accepted, field, origin)
-  elseif string.sub(seen, -#this) == this then
-    return true  -- the latest message under this id
-  elseif string.find(seen .. '\0', this .. '\0', 1, true) then
-    return false  -- a copy of an earlier message under this id
+  return sends
+end
+
+local function write_sends(id, sends)
+  local joined = {}
+  for i, send in ipairs(sends) do
+    joined[i] = send[2] and (send[1] .. '\1' .. send[2]) or send[1]
+  end
+  redis.call('HSET', accepted, origin_field(id), table.concat(joined, '\0'))
+end
+
+-- The record of `id` moves on to message `origin` (`at`: its place among `sends`, when an
+-- earlier one; `carried`: its copy that was accepted), keeping the accepted copy of the
+-- one it was about; 'busy' while that one is on its way (parked, or a copy published).
+local function move_record(id, sends, at, origin, carried)
+  local kind, owner, pending = read_copies(id)
+  if kind == 'parked' or (kind == 'copies' and #pending > 0) then
+    return 'busy'
+  end
+  sends[#sends][2] = kind == 'copies' and owner or false
+  if at then
+    table.remove(sends, at)
+  end
+  sends[#sends + 1] = {origin, false}
+  write_sends(id, sends)
+  if at then
+    write_copies(id, '+' .. carried, server_now())
   else
-    local kind, _, pending = read_copies(id)
-    if kind == 'parked' or (kind == 'copies' and #pending > 0) then
-      return 'busy'
-    end
-    redis.call('HSET', accepted, field, string.sub(seen, 2) .. this)
     redis.call('HDEL', accepted, id)
     redis.call('ZREM', accepted_at, id)
   end
   return true
+end
+
+-- Whether a message carrying token `carried` ("" when none) and of `origin` is a copy
+-- of the message the record of `id` is about. A message of an origin new to its id is a
+-- task of its own (another send of the id, or Celery's `replace`, which gives the last
+-- task of a chain, or the body of a chord, the replaced task's id); so is the copy of an
+-- earlier message that was accepted when the record moved on (it may still wait, and
+-- move). The record moves to it once the message it is about settled (a copy of it
+-- accepted, none on its way); until then 'busy' (it waits: the record follows one
+-- message at a time). False: a stale copy of an earlier message under this id.
+local function same_message(id, carried, origin)
+  if origin == '' then
+    return true
+  end
+  local sends = read_sends(id)
+  if #sends == 0 then
+    write_sends(id, {{origin, false}})
+    return true
+  end
+  local at = nil
+  for i, send in ipairs(sends) do
+    if send[1] == origin then
+      at = i
+    end
+  end
+  if at == #sends or (not at and carried ~= '') then
+    return true  -- the latest message under this id (or a copy older than its origins)
+  end
+  if at and sends[at][2] ~= carried then
+    return false  -- a copy of an earlier message under this id
+  end
+  return move_record(id, sends, at, origin, carried)
 end
 
 -- whether copy `token` may go on, the copies being (kind, owner, pending): the one

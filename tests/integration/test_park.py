@@ -214,6 +214,29 @@ def test_two_sends_of_one_task_id_wait_in_turn_and_each_runs(store: ParkStore) -
     assert store.copies.accept("a", "n2")
 
 
+def test_an_accepted_copy_of_an_earlier_send_moves_after_a_later_send(
+    store: ParkStore,
+) -> None:
+    """The first send's original, delivered again, is accepted and waits; the record
+    moves on to a second send of the id (the first was settled: accepted, none on its
+    way). When the first send's original moves after all, it waits while the second's
+    copy is on its way, then takes the record back; stale copies of either are dropped."""
+    copies, first, second = store.copies, "t\n\n0\nsend-1", "t\n\n0\nsend-2"
+    assert copies.accept("a", "", first, redelivered=True)
+    assert copies.move("a", "", "n1", second), "the second send moves: the record with it"
+    with pytest.raises(CopiesBusyError):
+        store.park("a", 0.0, message(), "", first)
+    with pytest.raises(CopiesBusyError):
+        copies.accept("a", "", first, redelivered=True)  # handed back, delivered again
+    assert copies.accept("a", "n1", second)
+    assert store.park("a", 0.0, message(), "", first), "the first send's, accepted, parks"
+    assert not copies.accept("a", "", second, redelivered=True), "a stale copy of the second"
+    assert not copies.accept("a", "n2", first), "a copy of the first it never made"
+    _, _, (release,) = store.claim(0.0, 30.0, 10, 3600.0)
+    assert store.accept("a", release.token)
+    assert store.count() == 0
+
+
 def test_a_tasks_records_go_with_it(store: ParkStore, redis_client: redis.Redis) -> None:
     """What tells messages apart lives as long as the task's record of copies: a purged
     task's record says so (a copy delivered later does not run) until it expires, as

@@ -46,6 +46,7 @@ def app(
         "FUNNEL_TEST_BROKER": url, "FUNNEL_TEST_REDIS": standalone_url,
         "FUNNEL_TEST_QUEUE": queue, "FUNNEL_TEST_CONF": json.dumps(CONF),
         "FUNNEL_TEST_PARK": "1" if parking else "0",
+        "FUNNEL_TEST_LIMITS": json.dumps({"proj.plain_retrying": "10/s"}),
     }  # fmt: skip
     made = make_app(url, standalone_url, queue=queue, task_ignore_result=True)
     try:
@@ -62,22 +63,21 @@ def app(
         close_app(made)
 
 
-def fill(app: Celery) -> set[str]:
-    """Send ``FILL`` tasks ahead; their ids."""
-    limited = app.tasks["proj.limited"]
-    return {limited.apply_async((n,)).id for n in range(FILL)}
+def fill(app: Celery, name: str = "proj.limited") -> set[str]:
+    """Send ``FILL`` tasks ``name`` ahead; their ids."""
+    return {app.tasks[name].apply_async((n,)).id for n in range(FILL)}
 
 
 def ran(url: str, task_id: str) -> Counter[int]:
-    """How often each send (its argument) of ``task_id`` ran."""
+    """How often each send (its argument) of ``task_id`` ran (its retries included)."""
     return Counter(r["args"][0] for r in runs(url) if r["id"] == task_id)
 
 
-def runs_of(url: str, workers: CeleryWorkers, task_id: str, count: int) -> None:
-    """Wait until ``count`` sends of ``task_id`` ran; on a timeout, say what the
-    workers logged of it."""
+def runs_of(url: str, workers: CeleryWorkers, task_id: str, count: int, each: int = 1) -> None:
+    """Wait until ``count`` sends of ``task_id`` ran ``each`` times; on a timeout, say
+    what the workers logged of it."""
     try:
-        wait_for(lambda: len(ran(url, task_id)) == count, 60)
+        wait_for(lambda: sorted(ran(url, task_id).values()) == [each] * count, 60)
     except AssertionError:
         told = [line for line in workers.logs().splitlines() if task_id in line]
         raise AssertionError(
@@ -106,3 +106,25 @@ def test_every_send_of_one_task_id_runs_once(
     assert ran(standalone_url, task_id) == Counter({1001: 1, 1002: 1, 1003: 1})
     counts = Counter(r["id"] for r in runs(standalone_url) if r["id"] in ahead)
     assert set(counts.values()) == {1}, "the tasks ahead ran once each"
+
+
+def test_two_sends_of_one_task_id_that_retry_each_run_and_retry_once(
+    app: tuple[Celery, CeleryWorkers], standalone_url: str
+) -> None:
+    """``proj.plain_retrying`` (``funnel_limits``: 10/s), whose first run retries at
+    once: two sends of one id behind a full funnel each run twice, the run and its
+    retry; a retry is a send of its own, which waits its turn like the others."""
+    made, workers = app
+    name, task_id = "proj.plain_retrying", uuid.uuid4().hex
+    ahead = fill(made, name)
+    made.tasks[name].apply_async((1001,), task_id=task_id)
+    made.tasks[name].apply_async((1002,), task_id=task_id)
+    runs_of(standalone_url, workers, task_id, 2, each=2)
+    wait_for(lambda: ahead <= {r["id"] for r in runs(standalone_url) if r["retries"]}, 60)
+    mine = [r for r in runs(standalone_url) if r["id"] == task_id]
+    assert sorted((r["args"][0], r["retries"]) for r in mine) == [
+        (1001, 0), (1001, 1), (1002, 0), (1002, 1),
+    ]  # fmt: skip
+    assert any(r["deferrals"] for r in mine), "they waited (parked or published again)"
+    counts = Counter((r["id"], r["retries"]) for r in runs(standalone_url) if r["id"] in ahead)
+    assert set(counts.values()) == {1}, "the tasks ahead, and their retries, ran once each"

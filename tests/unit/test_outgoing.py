@@ -2,7 +2,7 @@
 own publish on its in-memory broker: a run's header never goes out with what it sends;
 the gate's publishes keep theirs; a retry of a task a gate may park keeps only the
 token of the parked release it came from. Every send gets a mark of its own (``SEND``),
-which a retry and the gate's publishes keep."""
+which the gate's publishes keep; a retry of a marked run gets one of its own."""
 
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ def test_the_gate_and_senders_outside_runs_keep_their_header(
     assert [m[HEADER] for m in published] == [{"deferrals": n} for n in (3, 4, 5)]
 
 
-def test_every_send_has_a_mark_of_its_own_that_retries_and_the_gate_keep(
+def test_every_send_has_a_mark_of_its_own_that_the_gates_copies_keep(
     published: list[dict[str, Any]],
 ) -> None:
     app = make_app()
@@ -126,4 +126,6 @@ def test_every_send_has_a_mark_of_its_own_that_retries_and_the_gate_keep(
     assert all(marks)
     assert marks[0] != marks[1], "two sends of one id: two marks"
     assert marks[2] not in (None, "the-runs-mark"), "another task sent from a run: its own"
-    assert marks[3:] == ["the-runs-mark", "the-runs-mark"], "the gate's copy, the retry"
+    assert marks[3] == "the-runs-mark", "the gate's copy of the run"
+    assert marks[4] not in (None, "the-runs-mark"), "a retry of a marked run: a send of its own"
+    assert HEADER not in published[4], "and it needs no release token"
