@@ -166,9 +166,11 @@ class Waits:
 
     def _kept(self, arrival: Arrival, step: Ruling, line: str, error: Exception) -> None:
         """Moving ``arrival`` failed with ``error`` (logged as ``line`` says, with the
-        task's name, id and the error): keep its message, try again shortly."""
+        task's name, id and the error): keep its message, try again shortly. Another
+        send of its id going first is no fault: logged at INFO."""
         request = arrival.request
-        logger.warning(f"celery-funnel: {line}", request.name, request.id, error)
+        level = logging.INFO if isinstance(error, CopiesBusyError) else logging.WARNING
+        logger.log(level, f"celery-funnel: {line}", request.name, request.id, error)
         self.retry(arrival, step.state, BACKOFF_FIRST_SECONDS)
 
     def retry(self, arrival: Arrival, state: State, delay: float) -> None:
