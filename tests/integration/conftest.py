@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +149,34 @@ def amqp_url() -> str:
     return AMQP
 
 
+@contextmanager
+def project_on(
+    url: str, funnel_url: str, prefix: str = "proj", env: dict[str, str] | None = None,
+    **conf: Any,
+) -> Iterator[tuple[Celery, CeleryWorkers]]:  # fmt: skip
+    """An app of the test project (``conf``: more of its settings) and two of its
+    workers (``env``: more of their environment), started, on a queue of their own at
+    the broker ``url``; the queue is deleted after (RabbitMQ's outlives its workers)."""
+    queue = f"{prefix}-{time.time_ns()}"
+    env = {
+        "FUNNEL_TEST_BROKER": url, "FUNNEL_TEST_REDIS": funnel_url, "FUNNEL_TEST_QUEUE": queue,
+        **(env or {}),
+    }  # fmt: skip
+    app = make_app(url, funnel_url, queue=queue, **conf)
+    try:
+        with CeleryWorkers(
+            "tests.integration.proj", 2, env, "-c", "2", "-Q", queue, cwd=ROOT,
+            prefix=f"{queue}-w",
+        ) as started:  # fmt: skip
+            started.wait_ready()
+            yield app, started
+    finally:
+        if not url.startswith("redis"):
+            with app.connection_for_write() as connection:
+                Queue(queue, channel=connection.channel()).delete()
+        close_app(app)
+
+
 @pytest.fixture(params=["redis", "rabbitmq"])
 def on_broker(
     request: pytest.FixtureRequest, broker: RedisServer, standalone_url: str
@@ -156,20 +185,5 @@ def on_broker(
     own, on a Redis broker (``broker``) or on RabbitMQ (skipped where it is not running,
     unless CI is set); the queue is deleted after."""
     url = broker.url if request.param == "redis" else request.getfixturevalue("amqp_url")
-    queue = f"proj-{time.time_ns()}"
-    env = {
-        "FUNNEL_TEST_BROKER": url, "FUNNEL_TEST_REDIS": standalone_url, "FUNNEL_TEST_QUEUE": queue,
-    }  # fmt: skip
-    app = make_app(url, standalone_url, queue=queue)
-    try:
-        with CeleryWorkers(
-            "tests.integration.proj", 2, env, "-c", "2", "-Q", queue, cwd=ROOT,
-            prefix=f"{queue}-w",
-        ) as started:  # fmt: skip
-            started.wait_ready()
-            yield app
-    finally:
-        if request.param == "rabbitmq":
-            with app.connection_for_write() as connection:
-                Queue(queue, channel=connection.channel()).delete()
-        close_app(app)
+    with project_on(url, standalone_url) as (app, _):
+        yield app

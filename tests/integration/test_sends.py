@@ -9,22 +9,19 @@ earlier one."""
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from celery import Celery
-from kombu.entity import Queue
 
 from celery_funnel.testing import CeleryWorkers, RedisServer
-from tests.integration.proj import close_app, make_app, runs
+from tests.integration.conftest import project_on
+from tests.integration.proj import runs
 from tests.polling import wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
-ROOT = str(Path(__file__).resolve().parents[2])
 
 # a wait longer than 1 s is parked (parking on) or published again (parking off)
 CONF = {"funnel_max_countdown": 1.0, "funnel_park_after": 0.5}
@@ -41,26 +38,12 @@ def app(
     """The test project's app and two of its workers on a queue of their own."""
     kind, parking = request.param
     url = broker.url if kind == "redis" else request.getfixturevalue("amqp_url")
-    queue = f"sends-{time.time_ns()}"
     env = {
-        "FUNNEL_TEST_BROKER": url, "FUNNEL_TEST_REDIS": standalone_url,
-        "FUNNEL_TEST_QUEUE": queue, "FUNNEL_TEST_CONF": json.dumps(CONF),
-        "FUNNEL_TEST_PARK": "1" if parking else "0",
+        "FUNNEL_TEST_CONF": json.dumps(CONF), "FUNNEL_TEST_PARK": "1" if parking else "0",
         "FUNNEL_TEST_LIMITS": json.dumps({"proj.plain_retrying": "10/s"}),
     }  # fmt: skip
-    made = make_app(url, standalone_url, queue=queue, task_ignore_result=True)
-    try:
-        with CeleryWorkers(
-            "tests.integration.proj", 2, env, "-c", "2", "-Q", queue, cwd=ROOT,
-            prefix=f"{queue}-w",
-        ) as started:  # fmt: skip
-            started.wait_ready()
-            yield made, started
-    finally:
-        if kind == "rabbitmq":
-            with made.connection_for_write() as connection:
-                Queue(queue, channel=connection.channel()).delete()
-        close_app(made)
+    with project_on(url, standalone_url, "sends", env, task_ignore_result=True) as both:
+        yield both
 
 
 def fill(app: Celery, name: str = "proj.limited") -> set[str]:
