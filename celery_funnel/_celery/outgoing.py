@@ -41,7 +41,7 @@ from .._config.runtime import runtime_for
 from .._gate.charges import matching
 from .._gate.follow import FOLLOWS
 from .._gate.publish import gate_publishes
-from .._gate.state import HEADER, SEND
+from .._gate.state import HEADER, SEND, send_mark
 
 __all__ = ["connect"]
 
@@ -54,7 +54,7 @@ def _on_before_publish(sender: Any = None, headers: Any = None, **_: Any) -> Non
         headers[SEND] = uuid.uuid4().hex
         return
     own_id = headers.get("id") == task.request.id  # a retry, a replacement
-    lineage = own_id and not _marked(task.request)  # a run of a producer without marks
+    lineage = own_id and not send_mark(task.request)  # a run of a producer without marks
     if not lineage:  # a send of its own (a mark copied from a run's headers is not its own)
         headers[SEND] = uuid.uuid4().hex
     if (HEADER not in headers and not own_id) or not runtime_for(task.app).installed:
@@ -65,11 +65,6 @@ def _on_before_publish(sender: Any = None, headers: Any = None, **_: Any) -> Non
     release = _lineage(task, str(headers.get("task") or sender)) if lineage else ""
     if release:
         headers[HEADER] = {"release": release}
-
-
-def _marked(request: Any) -> bool:
-    """Whether the run of ``request`` (a Celery ``Context``) came from a marked send."""
-    return bool(getattr(request, SEND, None) or (request.headers or {}).get(SEND))
 
 
 def _lineage(task: Any, name: str) -> str:

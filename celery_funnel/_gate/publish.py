@@ -28,7 +28,7 @@ from kombu.pools import ProducerPool
 from kombu.serialization import registry
 
 from .._stores.park import ParkStore, capture
-from .state import HEADER, SEND
+from .state import HEADER, send_mark
 
 __all__ = [
     "PUBLISH_TIMEOUT_SECONDS", "gate_publishes", "gate_publishing", "message_options",
@@ -245,10 +245,10 @@ def origin(context: Any) -> str:
     """What every copy of one task message shares, and a later message given the same
     task id does not: its task, the run that sent it, how often it was replaced
     (Celery's ``replace`` gives a chain's last task, or a chord's body, the replaced
-    task's id; another run sends it), and the mark of its send (``SEND``: two sends of
-    one id by producers with celery-funnel installed; a message without it is told
-    apart by the rest only)."""
+    task's id; another run sends it), and the mark of its send (``send_mark``: two
+    sends of one id by producers with celery-funnel installed; a message without it
+    is told apart by the rest only)."""
     nesting = getattr(context, "replaced_task_nesting", 0) or 0
     found = f"{context.task}\n{context.parent_id or ''}\n{nesting}"
-    send = getattr(context, SEND, None) or (getattr(context, "headers", None) or {}).get(SEND)
+    send = send_mark(context)
     return f"{found}\n{send}" if send else found

@@ -9,7 +9,7 @@ import socket
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-__all__ = ["HEADER", "SEND", "State", "admitted_by_gate", "gate_mark", "requeued"]
+__all__ = ["HEADER", "SEND", "State", "admitted_by_gate", "gate_mark", "requeued", "send_mark"]
 
 # the message header the gate writes and reads: this module owns it (what it carries,
 # ``State``; the gate's mark); only the gate's own publishes carry it (``_celery.outgoing``)
@@ -75,3 +75,10 @@ def admitted_by_gate(headers: Mapping[str, Any] | None) -> bool:
 def requeued(state: State, countdown: float) -> dict[str, Any]:
     """The header of a run published again with ``countdown``."""
     return state._replace(waited=countdown, requeues=state.requeues + 1).header()
+
+
+def send_mark(context: Any) -> str:
+    """The mark of the send ``context`` (a Celery ``Context``) came from ("" for a send
+    without one: a producer without celery-funnel)."""
+    found = getattr(context, SEND, None) or (getattr(context, "headers", None) or {}).get(SEND)
+    return str(found or "")
