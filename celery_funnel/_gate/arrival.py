@@ -3,7 +3,6 @@ step (slots, decision, waits) instead of each step reading the request again."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -72,8 +71,7 @@ def subject_of(
     """The subject ``request`` is judged as: its task's ``options`` (outage policy, dry
     run); seconds until it expires; ``fair``: the fair-share step (None: none); its
     priority rank in the order of the broker's ``transport`` ("redis", "amqp" ...)."""
-    until = until_expiry(request)
-    expires_in = None if math.isinf(until) else until
+    expires_in = None if request.expires is None else until_expiry(request)
     policy, dry_run = options(request.task)
     priority = rank(transport, (request.delivery_info or {}).get("priority"))
     return Subject(

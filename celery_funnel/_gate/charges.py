@@ -22,7 +22,7 @@ from .._config.runtime import Runtime
 from .._limiter.fair import Fair
 from .._limiter.limit import Limit, fixed
 
-__all__ = ["MAPS", "Charge", "Charges", "label_of", "matching"]
+__all__ = ["MAPS", "Charge", "Charges", "label_of", "labels_of", "matching"]
 
 MAPS = ("celery.map", "celery.starmap")
 _UNSEEN: Any = object()  # a task type whose own charges were not looked up yet
@@ -42,7 +42,16 @@ class Charge:
 
 def label_of(charges: Sequence[Charge]) -> str:
     """The funnels' names, joined: what a deferral by all of them reports."""
-    return "+".join(dict.fromkeys(charge.label for charge in charges))
+    if len(charges) == 1:  # most runs: one funnel
+        return charges[0].label
+    return "+".join(labels_of(charges))
+
+
+def labels_of(charges: Sequence[Charge]) -> Sequence[str]:
+    """Each funnel's name, once, in order."""
+    if len(charges) == 1:
+        return (charges[0].label,)
+    return tuple(dict.fromkeys(charge.label for charge in charges))
 
 
 class _Patterned(Protocol):

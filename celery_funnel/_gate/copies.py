@@ -15,7 +15,6 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 from .._config.runtime import Runtime
@@ -32,6 +31,7 @@ logger = logging.getLogger("celery_funnel")
 # are not confirmed): their runs are recorded; at most ACKS_KEPT acks are kept in mind
 CUT_SECONDS = 300.0
 ACKS_KEPT = 50_000
+PRUNE_AT = 64  # runs kept in mind past their ack, at most, beyond twice those un-acked
 
 
 def new_token() -> str:
@@ -49,6 +49,7 @@ class CopyGuard:
         self.acked: deque[tuple[float, str, str]] = deque(maxlen=ACKS_KEPT)
         # id(request) -> (task id, token, request): admitted, message not acked yet
         self.unacked: dict[int, tuple[str, str, Any]] = {}
+        self._prune_at = PRUNE_AT
         self.store: Copies | None = None
         if runtime.settings.redis_url:
             client = runtime.funnel.client
@@ -106,20 +107,36 @@ class CopyGuard:
             return
         key = id(request)
         self.unacked[key] = (request.id, state.release, request)
-        # Celery acks and rejects through these: the ones on the instance
-        message.ack = functools.partial(self._acked, key, message.ack)
-        message.reject = functools.partial(self._rejected, key, message.reject)
+        if not self.unconfirmed_acks:
+            # the message tells whether it was acked (or rejected): forgotten here
+            # later, in batches (a wrapper per run cost a tenth of a fast task's time)
+            if len(self.unacked) > self._prune_at:
+                self._prune()
+            return
+        # Celery acks and rejects through these: the ones on the instance, removed at the
+        # ack or reject (the message is freed as soon as Celery lets go of it)
+        message.ack = functools.partial(self._acked, key, message)
+        message.reject = functools.partial(self._rejected, key, message)
 
-    def _acked(self, key: int, ack: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-        result = ack(*args, **kw)  # a failed ack keeps the run in mind (unacked)
+    def _prune(self) -> None:
+        """Forget the runs whose message was acked or rejected since (kombu's
+        ``Message.acknowledged``: only once the broker call went through, so a failed
+        ack keeps the run in mind); the next prune comes when as many again are in."""
+        self.unacked = {key: found for key, found in self.unacked.items() if not _settled(found[2])}
+        self._prune_at = PRUNE_AT + 2 * len(self.unacked)
+
+    def _acked(self, key: int, message: Any, *args: Any, **kw: Any) -> Any:
+        _unwatch(message)
+        result = message.ack(*args, **kw)  # a failed ack keeps the run in mind (unacked)
         found = self.unacked.pop(key, None)
-        if found is not None and self.unconfirmed_acks:
+        if found is not None:
             self.acked.append((time.monotonic(), found[0], found[1]))
         return result
 
-    def _rejected(self, key: int, reject: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+    def _rejected(self, key: int, message: Any, *args: Any, **kw: Any) -> Any:
+        _unwatch(message)
         self.unacked.pop(key, None)  # requeued on purpose (Reject), or discarded: not a run
-        return reject(*args, **kw)
+        return message.reject(*args, **kw)
 
     def runs_cut(self) -> int:
         """The broker connection died: the broker gives again every message it holds
@@ -135,7 +152,10 @@ class CopyGuard:
         if self.store is None:
             return 0
         since = time.monotonic() - CUT_SECONDS
-        started = [(i, t) for i, t, request in self.unacked.values() if _may_have_started(request)]
+        started = [
+            (i, t) for i, t, request in self.unacked.values()
+            if not _settled(request) and _may_have_started(request)
+        ]  # fmt: skip
         runs = dict.fromkeys([*started, *((i, t) for at, i, t in self.acked if at >= since)])
         self.unacked.clear()
         self.acked.clear()
@@ -165,3 +185,15 @@ def _may_have_started(request: Any) -> bool:
     if not hasattr(result, "_write_to"):  # another pool than prefork: assume it ran
         return True
     return bool(result._write_to or getattr(result, "_scheduled_for", None))
+
+
+def _unwatch(message: Any) -> None:
+    """``message``'s own ack and reject again (``CopyGuard.watch_ack`` set others)."""
+    attributes = vars(message)
+    attributes.pop("ack", None)
+    attributes.pop("reject", None)
+
+
+def _settled(request: Any) -> bool:
+    """Whether ``request``'s message was acked or rejected (through the broker)."""
+    return bool(getattr(request.message, "acknowledged", False))

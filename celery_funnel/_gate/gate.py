@@ -35,10 +35,10 @@ from .._limiter.limit import Limit
 from .._stores.leases import Lease
 from .allowance import Allowances
 from .arrival import Arrival, TaskOptions, subject_of
-from .charges import Charge, Charges, OwnOf, label_of
+from .charges import Charge, Charges, OwnOf, label_of, labels_of
 from .concurrency import RenewalOf, Seats, SlotFunnels
 from .copies import CopyGuard
-from .delivery import ack, delivery_of, hand_back
+from .delivery import Delivery, ack, delivery_of, hand_back
 from .failing import Failing
 from .follow import Follow, Next, follows_of
 from .held import Held, cancel_run_booking
@@ -136,7 +136,7 @@ class WorkerGate:
             delivery.accepted = True
             if not charges and not slot_funnels and not follows_of(request.request_dict):
                 return self.handle(request)
-        return self._arrived(request, charges, slot_funnels, state)
+        return self._arrived(request, charges, slot_funnels, state, delivery)
 
     def _pass(self, request: Any, charges: Sequence[Charge], state: State) -> Any:
         """Decide a held request again (its timer fired, or it was woken): its charges
@@ -153,8 +153,9 @@ class WorkerGate:
         return self._arrived(request, charges, slot_funnels, state)
 
     def _arrived(
-        self, request: Any, charges: Sequence[Charge], slot_funnels: Any, state: State
-    ) -> Any:
+        self, request: Any, charges: Sequence[Charge], slot_funnels: Any, state: State,
+        delivery: Delivery | None = None,
+    ) -> Any:  # fmt: skip
         try:
             # only a fair-share charge has a fair step (asking for it asks if tasks may
             # be parked, which reads the funnels' Redis now and then)
@@ -162,14 +163,15 @@ class WorkerGate:
             subject = subject_of(request, self.options, fair, self.transport)
         except Exception as error:  # a bad option value fails its task only
             return self.failing.fail(request, error, False)
-        delivery = delivery_of(request, self.runtime.countdowns)
+        if delivery is None:
+            delivery = delivery_of(request, self.runtime.countdowns)
         return self._run(Arrival(request, charges, slot_funnels, state, subject, delivery))
 
     def _run(self, arrival: Arrival) -> Any:
         """Decide ``arrival`` now: its copy, slots, then the funnels; run, wait or fail it."""
         request = arrival.request
-        self.held.backend_of(request)  # revoked() below may store REVOKED with it
         if request.revoked():  # revoked, or expired while it waited: Celery ends it
+            self.held.backend_of(request)  # revoked() stored REVOKED with it
             cancel_run_booking(self.runtime, arrival.charges, arrival.state, request.id)
             self.slot_funnels.forget(request)
             return None
@@ -237,7 +239,7 @@ class WorkerGate:
 
     def _decided(self, arrival: Arrival, step: Ruling, lease: Lease | None) -> Any:
         """Act on ``step``: run the request, make it wait, or fail it."""
-        self.live.count(dict.fromkeys(c.label for c in arrival.charges), step.run)
+        self.live.count(labels_of(arrival.charges), step.run)
         if step.run:
             return self._admit(arrival, lease)
         self.inflight.deferred()

@@ -16,7 +16,6 @@ admitted on them (``spend``) without a call, as a reply that admits is reported.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Hashable, Sequence
 from functools import partial
 from typing import Any
@@ -119,7 +118,7 @@ class InFlightDecisions:
         if template is _UNSEEN:
             if len(self.calls) >= CALLS:
                 self.calls.clear()
-            stand_in = dataclasses.replace(subject, task_id=STAND_IN)
+            stand_in = subject._replace(task_id=STAND_IN)
             template, _ = self.inflight.capture(partial(self._judge, stand_in, charges, state))
             self.calls[key] = template
         if template is None:

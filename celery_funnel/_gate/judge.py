@@ -11,7 +11,6 @@ themselves are decided, each funnel once per run, is ``_gate.charges_decide``'s.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._config.outage import backoff
@@ -44,15 +43,16 @@ class Ruling(NamedTuple):
 RUN = Ruling(run=True)
 
 
-@dataclass(frozen=True)
-class Subject:
+class Subject(NamedTuple):
     """The run being judged: task ``name`` and ``task_id``; ``policy``: its
     ``funnel_on_backend_error``; ``dry_run``; ``eager``: an eager run (no broker to
     defer through, so "raise" is the only outage answer besides "allow"); ``expires_in``:
     seconds until it expires, past which no slot is booked for it; ``fair``: the step
     on a fair-share charge (the worker gate with parking on; None: an ordinary funnel);
     ``rank``: its place among the tasks waiting for a slot, the broker's priority order
-    (0 first; ``_limiter.fair.rank``), None where no priority applies (eager runs)."""
+    (0 first; ``_limiter.fair.rank``), None where no priority applies (eager runs).
+    A named tuple: one is made per run on the gate's path, three times cheaper than a
+    frozen dataclass."""
 
     name: str
     task_id: str

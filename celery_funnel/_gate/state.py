@@ -37,7 +37,7 @@ class State(NamedTuple):
         """The state in a message's headers (a fresh one when absent)."""
         raw = (headers or {}).get(HEADER)
         if not raw:  # a first arrival: most tasks
-            return cls()
+            return FRESH
         return cls(
             int(raw.get("deferrals", 0)),
             bool(raw.get("booked")),
@@ -51,19 +51,32 @@ class State(NamedTuple):
 
     def header(self, **more: Any) -> dict[str, Any]:
         """The header value (JSON-safe), with ``more`` fields."""
-        return {**self._asdict(), "passed": list(self.passed), **more}
+        fields = _FRESH_FIELDS if self is FRESH else self._asdict()  # most runs: FRESH
+        return {**fields, "passed": list(self.passed), **more}
+
+
+FRESH = State()  # a first arrival's state (immutable: one for all)
+_FRESH_FIELDS = FRESH._asdict()
 
 
 def gate_mark(pid: int | None = None) -> str:
     """What the worker gate writes into the header of a run it admitted: its host and
     process. Only that process (threads, solo) or its pool children (prefork) see the
     mark as theirs, so a copy carried by a retried message elsewhere means nothing."""
-    return _mark(os.getpid() if pid is None else pid)
+    return _own_mark() if pid is None else _mark(pid)
 
 
 @functools.lru_cache(maxsize=64)
 def _mark(pid: int) -> str:
     return f"{_HOST}:{pid}"
+
+
+@functools.cache
+def _own_mark() -> str:  # read once per process: the gate marks every run it admits
+    return _mark(os.getpid())
+
+
+os.register_at_fork(after_in_child=_own_mark.cache_clear)
 
 
 def admitted_by_gate(headers: Mapping[str, Any] | None) -> bool:

@@ -1,0 +1,69 @@
+"""The gate keeps in mind each run it admitted until its message is acked
+(``CopyGuard.watch_ack``), so that the runs a lost broker connection cut off are
+recorded as run (``runs_cut``). Real Celery requests over kombu's in-memory transport
+(its acks are real), the copies' records on a real Redis."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from celery import Celery
+from celery.worker.request import Request
+from kombu.connection import Connection
+from kombu.message import Message
+from kombu.serialization import dumps
+
+from celery_funnel._config.runtime import runtime_for
+from celery_funnel._gate.copies import PRUNE_AT, CopyGuard
+from celery_funnel._gate.state import FRESH
+from tests.integration.proj import close_app, make_app
+
+RUNS, EVERY = 400, 20  # one run in EVERY is not acked when the connection dies
+
+
+@pytest.fixture
+def app(standalone_url: str) -> Iterator[Celery]:
+    app = make_app(standalone_url, standalone_url)
+    yield app
+    close_app(app)
+
+
+def started(app: Celery, channel: object, tag: int) -> Request:
+    """A request of ``proj.plain`` as the worker makes it, started in the pool."""
+    headers, properties, body, _ = app.amqp.as_task_v2(uuid.uuid4().hex, "proj.plain", (), {})
+    content_type, encoding, payload = dumps(body, "json")
+    message = Message(
+        body=payload, delivery_tag=tag, content_type=content_type,
+        content_encoding=encoding, headers=headers, properties=properties, channel=channel,
+    )  # fmt: skip
+    request = Request(message, app=app, task=app.tasks["proj.plain"])
+    request.time_start = time.time()
+    return request
+
+
+@pytest.mark.parametrize("unconfirmed", [False, True], ids=["acks confirmed", "AMQP"])
+def test_only_runs_not_acked_are_recorded_and_acked_ones_are_not_kept(
+    app: Celery, unconfirmed: bool
+) -> None:
+    """Acks confirmed (Redis): a run is forgotten once its message is acked, and the
+    ones kept stay bounded; a cut records only the runs whose ack never went through.
+    AMQP (acks not confirmed): the runs acked lately are recorded too."""
+    guard = CopyGuard(runtime_for(app), unconfirmed_acks=unconfirmed)
+    channel = Connection("memory://").channel()
+    most = 0
+    for tag in range(RUNS):
+        request = started(app, channel, tag)
+        guard.watch_ack(request, FRESH)
+        most = max(most, len(guard.unacked))
+        if tag % EVERY:
+            request.message.ack()  # as Celery acks: through the message
+    not_acked = RUNS // EVERY
+    if unconfirmed:
+        assert len(guard.unacked) == not_acked, "acks are seen as they happen"
+    else:
+        assert most <= PRUNE_AT + 2 * not_acked + 1, "acked runs are forgotten in batches"
+    assert guard.runs_cut() == (RUNS if unconfirmed else not_acked)
+    assert guard.unacked == {}
