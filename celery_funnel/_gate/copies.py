@@ -31,7 +31,6 @@ logger = logging.getLogger("celery_funnel")
 # are not confirmed): their runs are recorded; at most ACKS_KEPT acks are kept in mind
 CUT_SECONDS = 300.0
 ACKS_KEPT = 50_000
-PRUNE_AT = 64  # runs kept in mind past their ack, at most, beyond twice those un-acked
 
 
 def new_token() -> str:
@@ -49,7 +48,6 @@ class CopyGuard:
         self.acked: deque[tuple[float, str, str]] = deque(maxlen=ACKS_KEPT)
         # id(request) -> (task id, token, request): admitted, message not acked yet
         self.unacked: dict[int, tuple[str, str, Any]] = {}
-        self._prune_at = PRUNE_AT
         self.store: Copies | None = None
         if runtime.settings.redis_url:
             client = runtime.funnel.client
@@ -107,29 +105,17 @@ class CopyGuard:
             return
         key = id(request)
         self.unacked[key] = (request.id, state.release, request)
-        if not self.unconfirmed_acks:
-            # the message tells whether it was acked (or rejected): forgotten here
-            # later, in batches (a wrapper per run cost a tenth of a fast task's time)
-            if len(self.unacked) > self._prune_at:
-                self._prune()
-            return
         # Celery acks and rejects through these: the ones on the instance, removed at the
-        # ack or reject (the message is freed as soon as Celery lets go of it)
+        # ack or reject, so that no cycle (message -> its ack -> message) outlives it: the
+        # garbage collector freeing one per run cost a tenth of a fast task's time
         message.ack = functools.partial(self._acked, key, message)
         message.reject = functools.partial(self._rejected, key, message)
-
-    def _prune(self) -> None:
-        """Forget the runs whose message was acked or rejected since (kombu's
-        ``Message.acknowledged``: only once the broker call went through, so a failed
-        ack keeps the run in mind); the next prune comes when as many again are in."""
-        self.unacked = {key: found for key, found in self.unacked.items() if not _settled(found[2])}
-        self._prune_at = PRUNE_AT + 2 * len(self.unacked)
 
     def _acked(self, key: int, message: Any, *args: Any, **kw: Any) -> Any:
         _unwatch(message)
         result = message.ack(*args, **kw)  # a failed ack keeps the run in mind (unacked)
         found = self.unacked.pop(key, None)
-        if found is not None:
+        if found is not None and self.unconfirmed_acks:
             self.acked.append((time.monotonic(), found[0], found[1]))
         return result
 
@@ -152,10 +138,7 @@ class CopyGuard:
         if self.store is None:
             return 0
         since = time.monotonic() - CUT_SECONDS
-        started = [
-            (i, t) for i, t, request in self.unacked.values()
-            if not _settled(request) and _may_have_started(request)
-        ]  # fmt: skip
+        started = [(i, t) for i, t, request in self.unacked.values() if _may_have_started(request)]
         runs = dict.fromkeys([*started, *((i, t) for at, i, t in self.acked if at >= since)])
         self.unacked.clear()
         self.acked.clear()
@@ -192,8 +175,3 @@ def _unwatch(message: Any) -> None:
     attributes = vars(message)
     attributes.pop("ack", None)
     attributes.pop("reject", None)
-
-
-def _settled(request: Any) -> bool:
-    """Whether ``request``'s message was acked or rejected (through the broker)."""
-    return bool(getattr(request.message, "acknowledged", False))

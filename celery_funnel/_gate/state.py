@@ -50,13 +50,15 @@ class State(NamedTuple):
         )
 
     def header(self, **more: Any) -> dict[str, Any]:
-        """The header value (JSON-safe), with ``more`` fields."""
-        fields = _FRESH_FIELDS if self is FRESH else self._asdict()  # most runs: FRESH
-        return {**fields, "passed": list(self.passed), **more}
+        """The header value (JSON-safe), with ``more`` fields. A first arrival's state
+        (``FRESH``, most runs) writes only ``more``: a field left out reads as its
+        default (``from_headers``), and the header travels to the pool with every run."""
+        if self is FRESH:
+            return more
+        return {**self._asdict(), "passed": list(self.passed), **more}
 
 
 FRESH = State()  # a first arrival's state (immutable: one for all)
-_FRESH_FIELDS = FRESH._asdict()
 
 
 def gate_mark(pid: int | None = None) -> str:

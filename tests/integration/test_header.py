@@ -17,6 +17,7 @@ import pytest
 from kombu.connection import Connection
 from kombu.entity import Queue
 
+from celery_funnel._gate.state import HEADER, State
 from celery_funnel.testing import CeleryWorkers, RedisServer
 from tests.integration.conftest import nothing_left
 from tests.integration.header_proj import KIDS, PARENTS, REPLACEMENTS, make_app, seen_runs
@@ -26,8 +27,6 @@ from tests.polling import wait_for
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 ROOT = str(Path(__file__).resolve().parents[2])
 FUNNELS = pytest.mark.parametrize("park", [False, True], ids=["deferring", "parking"])
-# what the gate gives a run its funnel admits at once
-FRESH = {"deferrals": 0, "booked": False, "stale": 0, "requeues": 0, "passed": []}
 
 
 @pytest.fixture
@@ -67,7 +66,8 @@ def own(run: dict[str, Any], park: bool) -> bool:
         return header is None
     if run["name"] == "hdr.funnelled_child" or label.startswith("retry-fresh"):
         # admitted on arrival: a fresh header, whatever its parent or first run had
-        return {k: header.get(k) for k in FRESH} == FRESH and "promised" not in header
+        fresh = State.from_headers({HEADER: header}) == State()
+        return fresh and "promised" not in header
     if label.startswith("retry-same"):  # it waited once more, for itself: held once,
         # or parked and then held from its early release to its slot
         return bool(header["deferrals"] <= (2 if park else 1) + header["stale"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from celery_funnel._config.outage import BACKOFF_FIRST_SECONDS
-from celery_funnel._gate.state import admitted_by_gate
+from celery_funnel._gate.state import HEADER, State, admitted_by_gate
 from tests.unit.gate_fakes import Fakes
 
 PER_SECOND = {"fakes.*": "1/s"}  # GCRA, capacity 1: one run, the next a second later
@@ -33,7 +33,7 @@ def test_an_admitted_run_is_passed_to_the_pool_once_marked_in_its_header() -> No
         assert gate(request) is None
         assert fakes.ran == [request]
         assert admitted_by_gate(request.request_dict), "FunnelTask.before_start lets it by"
-        assert request.header["deferrals"] == 0
+        assert State.from_headers({HEADER: request.header}).deferrals == 0
         assert not request.message.acked
         assert gate.waiting() == {}
 
