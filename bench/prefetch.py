@@ -24,6 +24,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path.insert(0, str(HERE.parent))
 
 import argparse
+import os
 import statistics
 
 from bench import instructions
@@ -94,7 +95,8 @@ def table(results: Results, count: int, rounds: int, tasks: int, version: str) -
         f" and funnels; plain task and never-limited FunnelTask of one installed app in"
         f" {rounds} alternating rounds (median tasks/s; FunnelTask / plain: median of paired"
         f" rounds, range in brackets; target {TARGET}); instructions per task: callgrind,"
-        f" every process of the worker, {tasks} tasks"
+        f" every process of the worker, {tasks} tasks; funnel_allowance"
+        f" {'on' if os.environ.get('FUNNEL_BENCH_ALLOWANCE') == '1' else 'off'}"
     )
     return markdown(
         caption,
