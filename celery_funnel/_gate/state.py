@@ -78,7 +78,8 @@ def _own_mark() -> str:  # read once per process: the gate marks every run it ad
     return _mark(os.getpid())
 
 
-os.register_at_fork(after_in_child=_own_mark.cache_clear)
+if hasattr(os, "register_at_fork"):  # a forked pool process is a process of its own
+    os.register_at_fork(after_in_child=_own_mark.cache_clear)
 
 
 def admitted_by_gate(headers: Mapping[str, Any] | None) -> bool:
