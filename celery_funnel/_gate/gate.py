@@ -150,11 +150,12 @@ class WorkerGate:
             )
         except Exception as error:  # a bad funnel_key fails its task only
             return self.failing.fail(request, error, False)
-        return self._arrived(request, charges, slot_funnels, state)
+        delivery = delivery_of(request, self.runtime.countdowns)
+        return self._arrived(request, charges, slot_funnels, state, delivery)
 
     def _arrived(
         self, request: Any, charges: Sequence[Charge], slot_funnels: Any, state: State,
-        delivery: Delivery | None = None,
+        delivery: Delivery,
     ) -> Any:  # fmt: skip
         try:
             # only a fair-share charge has a fair step (asking for it asks if tasks may
@@ -163,8 +164,6 @@ class WorkerGate:
             subject = subject_of(request, self.options, fair, self.transport)
         except Exception as error:  # a bad option value fails its task only
             return self.failing.fail(request, error, False)
-        if delivery is None:
-            delivery = delivery_of(request, self.runtime.countdowns)
         return self._run(Arrival(request, charges, slot_funnels, state, subject, delivery))
 
     def _run(self, arrival: Arrival) -> Any:
