@@ -3,8 +3,8 @@ that records when the first and the last task of a batch ran.
 
 Configured from the environment: ``FUNNEL_BENCH_URL`` (broker, funnels and stamps),
 ``FUNNEL_BENCH_INSTALL`` ("0": celery-funnel not installed, plain Celery),
-``FUNNEL_BENCH_LIMITS`` (JSON ``funnel_limits``), ``FUNNEL_BENCH_ALLOWANCE`` ("1":
-``funnel_allowance`` on).
+``FUNNEL_BENCH_LIMITS`` (JSON ``funnel_limits``), ``FUNNEL_BENCH_ALLOWANCE`` ("0":
+``funnel_allowance`` off; on by default).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ if INSTALL:
     app.conf.update(
         funnel_redis_url=URL,
         funnel_limits=json.loads(os.environ.get("FUNNEL_BENCH_LIMITS") or "{}"),
-        funnel_allowance=os.environ.get("FUNNEL_BENCH_ALLOWANCE") == "1",
+        funnel_allowance=os.environ.get("FUNNEL_BENCH_ALLOWANCE") != "0",
     )
     install(app)
 _stamps = redis.Redis.from_url(URL)

@@ -96,7 +96,7 @@ def table(results: Results, count: int, rounds: int, tasks: int, version: str) -
         f" {rounds} alternating rounds (median tasks/s; FunnelTask / plain: median of paired"
         f" rounds, range in brackets; target {TARGET}); instructions per task: callgrind,"
         f" every process of the worker, {tasks} tasks; funnel_allowance"
-        f" {'on' if os.environ.get('FUNNEL_BENCH_ALLOWANCE') == '1' else 'off'}"
+        f" {'off' if os.environ.get('FUNNEL_BENCH_ALLOWANCE') == '0' else 'on'}"
     )
     return markdown(
         caption,

@@ -139,14 +139,16 @@ SETTING_HELP: dict[str, str] = {
     " `consumer_timeout` (1800 s -> 900 s)",
     "funnel_reservation": "deferred tasks book their slot; `False`: they compete again"
     " after the funnel's `retry_after`",
-    "funnel_allowance": "`True`: a worker takes k = min(64, rate x 0.05 s, capacity / 2) units of"
-    " a funnel in one call while the funnel keeps at least half its burst free after,"
-    " and starts that many runs without a call each, within 0.05 s; near full, every run"
-    " is decided alone. Only for one GCRA funnel of cost 1 with `funnel_reservation` on"
-    " (no concurrency, fair share, adaptive rate, override or pause, nor a task with an expiry)."
-    " In any window of w seconds a funnel starts at most rate x w + capacity + k x"
-    " workers runs; k <= 1 (under 40/s) takes none. `False` (the default): every run decided"
-    " alone",
+    "funnel_allowance": "`True` (the default): a worker takes k = min(64, rate x 0.05 s,"
+    " capacity / 2) units of a funnel it decides densely (a run within the 0.05 s before)"
+    " in one call while the funnel keeps at least half its burst free after, and starts"
+    " that many runs without a call each, within 0.05 s; near full, every run is decided"
+    " alone. Only for one GCRA funnel of cost 1 with"
+    " `funnel_reservation` on (no concurrency, fair share, adaptive rate, override or pause,"
+    " nor a task with an expiry). In any window of w seconds a funnel starts at most rate x"
+    " w + capacity + k x workers runs (and never more than rate x 0.05 s over rate x w +"
+    " capacity); k <= 1 (under 40/s, or capacity under 4) takes none. `False`: every run"
+    " decided alone, exact",
     "funnel_max_deferrals": "a task deferred more often fails with `TooManyDeferralsError`"
     " (`None`: no cap)",
     "funnel_throttle_eager": "gate eager runs (`task_always_eager`, `apply()`) too, waiting"

@@ -35,7 +35,7 @@ _DEFAULTS: dict[str, Any] = {
     "funnel_key_prefix": "funnel:",
     "funnel_max_countdown": None,
     "funnel_reservation": True,
-    "funnel_allowance": False,
+    "funnel_allowance": True,
     "funnel_max_deferrals": 1000,
     "funnel_throttle_eager": False,
     "funnel_socket_timeout": 1.0,

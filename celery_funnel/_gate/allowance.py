@@ -6,7 +6,8 @@ Only for the simple, common run (``wanted``): one GCRA funnel of cost 1, booked 
 refused (``funnel_reservation``), no fair share, no adaptive rate, no override or
 pause in the live table, a first arrival with no booking, no expiry; the units asked
 for (``units``: the rate's worth in ``SECONDS``, at most ``MOST`` and half the capacity)
-more than one. Any other run is decided as before, alone. Within that bound a worker
+more than one; a funnel the worker decides densely (a run of it decided within
+``SECONDS`` before). Any other run is decided as before, alone. Within that bound a worker
 asks for what it spent in its last allowance's time (doubled when it spent them all):
 units it would not spend are not taken from the other workers.
 
@@ -55,8 +56,10 @@ class Allowances:
         self.sizes: dict[str, int] = {}
         self.lock = threading.Lock()
         self.loaded = False  # whether allowance.lua was loaded on the funnels' Redis
-        # per funnel key, when this worker's one call asking for units went (monotonic)
+        # per funnel key, when this worker's one call asking for units went, and when
+        # it last decided a run (monotonic)
         self.asking: dict[str, float] = {}
+        self.decided: dict[str, float] = {}
 
     def _charge(self, arrival: Arrival) -> Charge | None:
         """The one charge of a run an allowance may pay (None: decided alone)."""
@@ -83,9 +86,11 @@ class Allowances:
             units, until, first = self.held.pop(charge.key, (0, 0.0, 0))
             if overridden or units < 1:
                 return False  # dropped: overridden or paused
-            if time.monotonic() >= until:  # dropped: next time, ask for what was spent
+            now = time.monotonic()
+            if now >= until:  # dropped: next time, ask for what was spent
                 self.sizes[charge.key] = max(2, first - units + 1)
                 return False
+            self.decided[charge.key] = now
             if units > 1:
                 self.held[charge.key] = (units - 1, until, first)
             else:  # all spent in time: ask for more next time
@@ -109,13 +114,27 @@ class Allowances:
             return call, None
         k = allowance.units(charge.limit.rate, charge.limit.capacity)
         now = time.monotonic()
-        if k <= 1 or self.asking.get(charge.key, -allowance.SECONDS) > now - allowance.SECONDS:
+        if k <= 1 or not self._dense(charge.key, now):
+            return call, None
+        if self.asking.get(charge.key, -allowance.SECONDS) > now - allowance.SECONDS:
             return call, None  # none, or one call asks already (its units would be late)
         if not self._load():
             return call, None
         self.asking[charge.key] = now
         k = min(k, self.sizes.get(charge.key, k))
         return allowance.call(call, k), partial(self.keep, charge.key, now)
+
+    def _dense(self, key: str, now: float) -> bool:
+        """Whether this worker started or decided a run of ``key`` within ``SECONDS``
+        before ``now`` (monotonic), and records this one. A funnel a worker decides
+        sparsely takes no units: few would be spent, and a run decided alone sees a
+        hold (``funnel_backoff``) its previous run set."""
+        last = self.decided.get(key)
+        self.decided[key] = now
+        if len(self.decided) > KEYS:
+            since = now - allowance.SECONDS
+            self.decided = {k: at for k, at in self.decided.items() if at > since}
+        return last is not None and now - last <= allowance.SECONDS
 
     def _load(self) -> bool:
         """allowance.lua on the funnels' Redis, loaded once (as redis-py's ``Lock``

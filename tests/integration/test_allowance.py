@@ -1,10 +1,10 @@
-"""Allowances (``funnel_allowance = True``; off by default) on real workers and a real
+"""Allowances (``funnel_allowance``, on by default) on real workers and a real
 Redis (issue 44): 4 ``celery worker`` processes on one 200/s funnel of capacity 40 (k =
 10), tasks offered first below the rate (the funnel far from full: runs admitted on
 units, fewer calls than runs), then all at once (near full: every run decided alone).
 The most starts in any window stays within the bound docs/semantics.md states, rate x w
 + capacity + k x workers. A 20/s funnel (k = 1) is decided run by run, exactly as
-before."""
+before, and so is any funnel with ``funnel_allowance = False``."""
 
 from __future__ import annotations
 
@@ -49,18 +49,23 @@ def _offer(app: Any, count: int, per_second: float | None) -> None:
 
 
 def _run(
-    url: str, limit: dict[str, Any], workers: int, offers: list[tuple[int, float | None]]
+    url: str,
+    limit: dict[str, Any],
+    workers: int,
+    offers: list[tuple[int, float | None]],
+    conf: dict[str, Any] | None = None,
 ) -> tuple[list[float], list[int]]:
-    """``workers`` real workers on ``proj.plain`` under ``limit``, offered each
-    ``(count, per second)`` in turn (None: at once), each waited for: the starts, and
-    the script calls each offer made."""
+    """``workers`` real workers on ``proj.plain`` under ``limit`` and ``conf`` (None:
+    the defaults), offered each ``(count, per second)`` in turn (None: at once), each
+    waited for: the starts, and the script calls each offer made."""
     limits = {"proj.plain": limit}
     env = {
         "FUNNEL_TEST_BROKER": url,
         "FUNNEL_TEST_REDIS": url,
         "FUNNEL_TEST_LIMITS": json.dumps(limits),
-        "FUNNEL_TEST_CONF": json.dumps({"funnel_allowance": True}),
-    }  # off by default
+    }
+    if conf is not None:
+        env["FUNNEL_TEST_CONF"] = json.dumps(conf)
     app = make_app(url, url, funnel_limits=limits)
     client = redis.Redis.from_url(url)
     calls, total = [], 0
@@ -102,3 +107,10 @@ def test_a_funnel_under_40_a_second_is_decided_run_by_run(broker: RedisServer) -
     starts, calls = _run(broker.url, {"rate": "20/s", "capacity": 1}, 2, [(60, None)])
     assert calls[0] >= 60
     assert peak(starts, 1.0) <= 21
+
+
+def test_allowance_off_decides_every_run_alone(broker: RedisServer) -> None:
+    """``funnel_allowance = False`` on the same fast funnel: a call per run."""
+    limit = {"rate": "200/s", "capacity": CAPACITY}
+    _, calls = _run(broker.url, limit, 2, [(200, 150.0)], {"funnel_allowance": False})
+    assert calls[0] >= 200

@@ -17,6 +17,7 @@ from celery.contrib.testing.worker import start_worker
 from celery_funnel import FunnelTask
 from celery_funnel._limiter.backends._chain import chain_script
 from celery_funnel._limiter.strategies import (
+    allowance,
     fixed_window,
     gcra,
     reservation,
@@ -121,8 +122,41 @@ def test_every_decision_is_one_round_trip(
     redis_url: str, funnels: str, recorder: Recorder, task: str, options: dict[str, Any],
     limits: dict[str, str],
 ) -> None:  # fmt: skip
+    """Units taken in batches off (``funnel_allowance``): every decision alone."""
+    conf = {"funnel_allowance": False}
+    kinds, scripts, decisions = _decide(redis_url, funnels, recorder, task, options, limits, conf)
+    assert set(kinds) <= {"EVALSHA"}, kinds
+    decided = sum(n for name, n in scripts.items() if name in DECISION_SCRIPTS.values())
+    assert decisions >= 12
+    assert decided == decisions, (scripts, decisions)
+
+
+def test_units_taken_in_batches_make_fewer_round_trips_than_decisions(
+    redis_url: str, funnels: str, recorder: Recorder
+) -> None:
+    """The default (``funnel_allowance`` on), a never-limited fast funnel decided
+    densely: its calls are decisions, alone or taking units (once loaded), and fewer
+    than the runs they decide."""
+    options = {"funnel_rate": "1000000/s", "funnel_capacity": 1000}
+    kinds, scripts, decisions = _decide(redis_url, funnels, recorder, "rt.batch", options, {}, {})
+    assert set(kinds) <= {"EVALSHA", "SCRIPT", "HELLO"}, kinds
+    assert kinds["SCRIPT"] <= 1, kinds  # allowance.lua loaded once (a new connection)
+    assert kinds["HELLO"] <= 1, kinds
+    assert set(scripts) <= {"reserve", "allowance"}, scripts
+    assert scripts["allowance"] >= 1
+    assert decisions >= 12
+    assert sum(scripts.values()) < decisions, (scripts, decisions)
+
+
+def _decide(
+    redis_url: str, funnels: str, recorder: Recorder, task: str, options: dict[str, Any],
+    limits: dict[str, str], conf: dict[str, Any],
+) -> tuple[Counter[str], Counter[str], int]:  # fmt: skip
+    """12 runs of ``task`` on a real worker (threads, -c 2): the kinds of command sent
+    to the funnels' Redis on the decisions' path, the scripts they called, and the
+    decisions the gate reported."""
     redis.Redis.from_url(redis_url).flushall()
-    app = make_app(redis_url, funnels, store_url=redis_url, funnel_limits=limits)
+    app = make_app(redis_url, funnels, store_url=redis_url, funnel_limits=limits, **conf)
     base = {"base": FunnelTask, **options} if options else {}
 
     @app.task(shared=False, name=task, **base)
@@ -142,10 +176,10 @@ def test_every_decision_is_one_round_trip(
     seen = list(zip(monitor.commands, monitor.clients, strict=True))
     background = {at for c, at in seen if _background(c)}
     on_path = [c for c, at in seen if at not in background]
-    kinds = Counter(c[0].upper() for c in on_path)
     evalshas = [c[1] for c in on_path if c[0].upper() == "EVALSHA"]
-    scripts = Counter(DECISION_SCRIPTS.get(sha, sha) for sha in evalshas)
-    assert set(kinds) <= {"EVALSHA"}, kinds
-    decided = sum(n for name, n in scripts.items() if name in DECISION_SCRIPTS.values())
-    assert decisions >= 12
-    assert decided == decisions, (scripts, decisions)
+    names = {**DECISION_SCRIPTS, allowance.SCRIPT.sha: "allowance"}
+    return (
+        Counter(c[0].upper() for c in on_path),
+        Counter(names.get(sha, sha) for sha in evalshas),
+        decisions,
+    )

@@ -1,7 +1,8 @@
 """A worker's allowances without Redis (issue 44): k from the rate, units spent once
 each (from several threads too), dropped when their time is up or when the funnel is
 overridden or paused, asked for only by the simple run; and through the gate on the
-fakes, the twin taking k units in one call and the next runs admitted without one."""
+fakes, the twin taking k units in one call and the next runs admitted without one; a
+funnel decided sparsely takes none."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from celery_funnel._gate.state import State
 from celery_funnel._limiter.limit import Limit
 from celery_funnel._limiter.rate import Rate
 from celery_funnel._limiter.scripts import Call
-from celery_funnel._limiter.strategies import allowance
+from celery_funnel._limiter.strategies import allowance, reservation
 from celery_funnel._limiter.strategies.reservation import ReserveOp, Shape
 from tests.unit.gate_fakes import Fakes
 
@@ -35,7 +36,7 @@ FAST = Limit(Rate.parse("200/s"), capacity=400)  # k = 10
 @pytest.fixture
 def fakes() -> Iterator[Fakes]:
     limits = {"fakes.*": {"rate": "200/s", "capacity": 400}}
-    with Fakes(limits=limits, conf={"funnel_allowance": True}) as made:  # off by default
+    with Fakes(limits=limits, conf={"funnel_allowance": True}) as made:
         yield made
 
 
@@ -145,10 +146,14 @@ def test_an_override_or_a_pause_drops_the_units_at_once(fakes: Fakes, entry: Ove
     assert allowances.held == {}
 
 
-def test_the_simple_run_asks_for_k_units(fakes: Fakes) -> None:
+def test_the_simple_run_asks_for_k_units_once_the_funnel_is_decided_densely(
+    fakes: Fakes,
+) -> None:
     allowances = Allowances(fakes.runtime, live_for(fakes.app))
     allowances.loaded = True  # as if allowance.lua were loaded on Redis
     arrival = _arrival(fakes)
+    first = _reserve(arrival)
+    assert allowances.wanted(arrival, arrival.charges, first) == (first, None)  # alone
     call, keep = allowances.wanted(arrival, arrival.charges, _reserve(arrival))
     assert call[0] is allowance.SCRIPT
     assert call[2][allowance.UNITS_ARG] == 10
@@ -161,6 +166,7 @@ def test_one_call_at_a_time_asks_for_units_until_its_reply_or_their_time(fakes: 
     allowances = Allowances(fakes.runtime, live_for(fakes.app))
     allowances.loaded = True
     arrival = _arrival(fakes)
+    allowances.decided["{fakes}:k"] = time.monotonic()  # a run decided just before
     _, keep = allowances.wanted(arrival, arrival.charges, _reserve(arrival))
     assert keep is not None
     assert allowances.wanted(arrival, arrival.charges, _reserve(arrival))[1] is None
@@ -168,6 +174,22 @@ def test_one_call_at_a_time_asks_for_units_until_its_reply_or_their_time(fakes: 
     assert allowances.wanted(arrival, arrival.charges, _reserve(arrival))[1] is not None
     allowances.asking["{fakes}:k"] -= allowance.SECONDS  # a reply never came: its time is up
     assert allowances.wanted(arrival, arrival.charges, _reserve(arrival))[1] is not None
+
+
+def test_a_funnel_decided_sparsely_takes_no_units(fakes: Fakes) -> None:
+    """A run decided more than SECONDS after this worker's previous one of the funnel
+    is decided alone: so a hold (funnel_backoff) its previous run set is seen at once."""
+    allowances = Allowances(fakes.runtime, live_for(fakes.app))
+    allowances.loaded = True
+    arrival = _arrival(fakes)
+    for _ in range(3):
+        allowances.decided["{fakes}:k"] = time.monotonic() - allowance.SECONDS * 1.5
+        call = _reserve(arrival)
+        assert allowances.wanted(arrival, arrival.charges, call) == (call, None)
+    old = time.monotonic() - allowance.SECONDS * 2
+    allowances.decided = {f"{{fakes}}:{n}": old for n in range(KEYS)}
+    allowances.wanted(arrival, arrival.charges, _reserve(arrival))  # one more: the sweep
+    assert list(allowances.decided) == ["{fakes}:k"]
 
 
 @pytest.mark.parametrize(
@@ -237,7 +259,8 @@ def test_the_gate_takes_k_units_in_one_call_and_admits_the_next_runs_without_one
         signals.task_admitted.disconnect(count)
     assert [r.id for r in fakes.ran] == [r.id for r in requests]
     assert admitted == [r.id for r in requests]  # every run reported once
-    assert [call[0] for call in sent.calls] == [allowance.SCRIPT] * 3  # 21 runs, k = 10
+    # 21 runs, k = 10: the first decided alone, the next two calls take 10 each
+    assert [call[0] for call in sent.calls] == [reservation.SCRIPT] + [allowance.SCRIPT] * 2
     (key,) = fakes.funnel.store.keys()
-    tat = int(fakes.funnel.store.get(key) or 0)  # 30 units charged, 1 spent per run
-    assert tat - round(fakes.clock.now * 1e6) == 30 * 5000
+    tat = int(fakes.funnel.store.get(key) or 0)  # 21 units charged, 1 spent per run
+    assert tat - round(fakes.clock.now * 1e6) == 21 * 5000
