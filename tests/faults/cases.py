@@ -115,6 +115,19 @@ def _killed(
     )  # fmt: skip
 
 
+def _killed_holding_units(name: str, task: str) -> Case:
+    """1500 instant tasks sent at 150/s through a 200/s funnel of capacity 40 (k = 10: the
+    workers take units in batches, ``funnel_allowance``), a worker SIGKILLed and replaced
+    every 3 s, 3 times, while they run: a worker killed holding units loses only those
+    units. At 150/s every kill meets a send (kombu's window: the broker keeps its file to
+    show it), and acks_late: a kill between a body's end and its ack runs that task
+    again, with celery-funnel as without."""
+    return Case(
+        name, task, 1500, kill_loop(times=3), rate="200/s", capacity=40,
+        acks_late=True, ci=False, pace=150.0, broker="redis-aof",
+    )  # fmt: skip
+
+
 def _broker_restarted(name: str, task: str, *, ci: bool = True) -> Case:
     """The broker's Redis (AOF always) SIGKILLed and started again 3 times."""
     steps = restarts("broker", (2.0, 5.5, 9.0))
@@ -146,6 +159,8 @@ CASES: tuple[Case, ...] = (
     _killed("kills at a send: plain Celery", "faults.plain", ci=False, at_a_send=True),
     # ... or all sent at once before the first kill (parked at once, released at 4/s)
     _killed("worker kills, burst: FunnelTask, AOF", "faults.rate", aof=True, paced=False, ci=False),
+    # ... or on a fast funnel whose units the workers take in batches (the allowance)
+    _killed_holding_units("worker kills, units held: FunnelTask, 200/s", "faults.rate"),
     # ... or killing runs mid-body (0.5 s each, two at once): acks_late is at-least-once,
     # a run killed mid-body runs again, with celery-funnel as without
     _killed("worker kills mid-body: concurrency 2, acks_late", "faults.started", ci=False),
