@@ -6,8 +6,8 @@ Only for the simple, common run (``wanted``): one GCRA funnel of cost 1, booked 
 refused (``funnel_reservation``), no fair share, no adaptive rate, no override or
 pause in the live table, a first arrival with no booking, no expiry; the units asked
 for (``units``: the rate's worth in ``SECONDS``, at most ``MOST`` and half the capacity)
-more than one; a funnel the worker decides densely (a run of it decided within
-``SECONDS`` before). Any other run is decided as before, alone. Within that bound a worker
+more than one; a funnel the worker decides densely (a run of it started or decided
+within ``SECONDS`` before). Any other run is decided as before, alone. Within that bound a worker
 asks for what it spent in its last allowance's time (doubled when it spent them all):
 units it would not spend are not taken from the other workers.
 
