@@ -82,13 +82,16 @@ class Fate:
     delivered); ``lost_at_a_pop`` when its last message was popped and never recorded
     as delivered after (it never reached a worker's Celery: kombu records a message
     before it hands it on), and then ``writes_before_death``: the writes the broker
-    made between that pop and its death (or the end of the file)."""
+    made between that pop and its death (or the end of the file); ``restored``: the
+    pushes of a message recorded as delivered before (kombu's restore of an un-acked
+    message puts it back: the broker gives it again)."""
 
     pushed: int = 0
     popped: int = 0
     unacked: int = 0
     lost_at_a_pop: bool = False
     writes_before_death: int | None = None
+    restored: int = 0
 
 
 def _task_id(body: bytes) -> tuple[str, str]:
@@ -103,6 +106,7 @@ def fates(commands: list[list[bytes]], queues: set[str]) -> dict[str, Fate]:
     """The fate of every task whose messages went through ``queues`` (list keys)."""
     lists: dict[bytes, deque[bytes]] = {q.encode(): deque() for q in queues}
     counts: dict[str, list[int]] = {}
+    restored: dict[str, int] = {}
     last_pop: dict[str, tuple[int, str]] = {}  # task id: (position, delivery tag)
     recorded: dict[str, int] = {}  # delivery tag: where it was last written to unacked
     for i, (name, *args) in enumerate(commands):
@@ -110,7 +114,10 @@ def fates(commands: list[list[bytes]], queues: set[str]) -> dict[str, Fate]:
         if verb in (b"LPUSH", b"RPUSH") and args[0] in lists:
             for body in args[1:]:
                 (lists[args[0]].appendleft if verb == b"LPUSH" else lists[args[0]].append)(body)
-                counts.setdefault(_task_id(body)[0], [0, 0, 0])[0] += 1
+                task_id, tag = _task_id(body)
+                counts.setdefault(task_id, [0, 0, 0])[0] += 1
+                if tag in recorded:
+                    restored[task_id] = restored.get(task_id, 0) + 1
         elif verb in (b"RPOP", b"LPOP") and args[0] in lists and lists[args[0]]:
             body = lists[args[0]].pop() if verb == b"RPOP" else lists[args[0]].popleft()
             task_id, tag = _task_id(body)
@@ -126,9 +133,10 @@ def fates(commands: list[list[bytes]], queues: set[str]) -> dict[str, Fate]:
     result = {}
     for task_id, (pushed, popped, unacked) in counts.items():
         at, tag = last_pop.get(task_id, (-1, ""))
+        again = restored.get(task_id, 0)
         if at < 0 or recorded.get(tag, -1) > at:
-            result[task_id] = Fate(pushed, popped, unacked)
+            result[task_id] = Fate(pushed, popped, unacked, restored=again)
             continue
         died = next((r for r in restarts if r > at), len(commands))
-        result[task_id] = Fate(pushed, popped, unacked, True, died - at - 1)
+        result[task_id] = Fate(pushed, popped, unacked, True, died - at - 1, again)
     return result

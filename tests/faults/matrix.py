@@ -55,16 +55,18 @@ def row(case: Case, outcomes: list[Outcome]) -> str:
     sent, lost = sum(o.sent for o in outcomes), sum(o.lost for o in outcomes)
     twice, exits = sum(o.twice for o in outcomes), sum(o.exits for o in outcomes)
     seconds, popped = sum(o.seconds for o in outcomes), sum(o.popped_lost for o in outcomes)
+    at_a_kill = sum(o.twice_at_a_kill for o in outcomes)
     return (
-        f"| {case.name} | {len(outcomes)} | {sent} | {lost} | {popped} | {twice} | {exits} "
-        f"| {each} | {seconds:.0f} |"
+        f"| {case.name} | {len(outcomes)} | {sent} | {lost} | {popped} | {twice} | {at_a_kill} "
+        f"| {exits} | {each} | {seconds:.0f} |"
     )
 
 
 HEADER = (
-    "| case | runs | tasks | lost | of which popped, never recorded (kombu) | twice | exits "
-    "| per run (lost/twice/exits) | seconds |\n"
-    "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    "| case | runs | tasks | lost | of which popped, never recorded (kombu) | twice "
+    "| of which killed before the ack (acks_late) | exits | per run (lost/twice/exits) "
+    "| seconds |\n"
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 )
 
 

@@ -88,6 +88,8 @@ def make_fault_app(conf: FaultConf) -> Celery:
         run = {
             "id": task.request.id, "name": task.name, "worker": task.request.hostname,
             "pid": os.getpid(), "at": time.time(),
+            # the broker gave this message again (kombu's restore of an un-acked one)
+            "redelivered": bool((task.request.delivery_info or {}).get("redelivered")),
         }  # fmt: skip
         store.rpush(RUNS, json.dumps(run))
 

@@ -12,10 +12,12 @@ for ``STALL`` seconds (the rest are lost), or at the deadline.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import redis
 from celery import Celery
@@ -28,7 +30,7 @@ from tests.faults.rig import Rig, servers
 from tests.faults.workers import Supervisor
 from tests.polling import wait_for
 
-__all__ = ["Outcome", "run_case"]
+__all__ = ["Outcome", "run_case", "twice_at_a_kill"]
 
 WORKERS_START = 120.0  # seconds the workers may take to be ready (a loaded machine)
 PROBE = 0.25  # seconds between looks at the store and the broker
@@ -46,7 +48,9 @@ class Outcome:
     ``popped_lost``: of the lost, those the broker's append-only file shows taken off
     the queue by kombu's Redis transport and never recorded as delivered (a broker, or
     the popping worker, killed in that instant loses the message before any Celery
-    code sees it: ``tests.faults.aof``; only where the case's broker keeps the file)."""
+    code sees it: ``tests.faults.aof``; only where the case's broker keeps the file);
+    ``twice_at_a_kill``: of the extra runs, those ``acks_late`` makes (a worker killed
+    after a run, before its ack: ``twice_at_a_kill()``; only where the case acks late)."""
 
     case: str
     sent: int
@@ -59,6 +63,33 @@ class Outcome:
     finished: bool  # False: the deadline came first
     logdir: str
     popped_lost: int = 0
+    twice_at_a_kill: int = 0
+
+
+def twice_at_a_kill(
+    records: list[dict[str, Any]], kills: dict[str, list[float]], restored: dict[str, int]
+) -> int:
+    """Of the extra runs in ``records`` (each a run's record, of tasks that ran more than
+    once), those Celery's ``acks_late`` makes: we SIGKILLed (``kills``: times by node
+    name) the worker that ran the task before, between that run and this one, and the
+    broker gave its message again: the run says so (``redelivered``), or, where the gate
+    published the message given again for later, the broker's file does (``restored``:
+    per task id, the messages it put back un-acked). The run had ended, or was cut, and
+    its ack never left the killed worker."""
+    by_task: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        by_task.setdefault(record["id"], []).append(record)
+    counted = 0
+    for task_id, runs_ in by_task.items():
+        runs_.sort(key=lambda r: float(r["at"]))
+        again = restored.get(task_id, 0)
+        for before, after in itertools.pairwise(runs_):
+            node = str(before["worker"]).split("@")[0]
+            if not any(before["at"] < t < after["at"] for t in kills.get(node, [])):
+                continue
+            if after.get("redelivered") or again > 0:
+                counted, again = counted + 1, again - (not after.get("redelivered"))
+    return counted
 
 
 class _Driver:
@@ -153,12 +184,16 @@ def run_case(case: Case, logdir: Path, *, load: int = 0) -> Outcome:
         lost = ids - set(tally)
         parking = rig.park_states(lost) if lost and not case.celery_only else {}
         broker = rig.broker_state() if lost else {}
-        fate = rig.broker_fates(lost) if lost else {}
+        twice_ids = {r["id"] for r in records}
+        fate = rig.broker_fates(lost | twice_ids) if lost or twice_ids else {}
+        restored = {i: fate[i].restored for i in twice_ids if i in fate}
+        at_a_kill = twice_at_a_kill(records, workers.kill_times(), restored)
     outcome = Outcome(
         case=case.name, sent=len(ids), runs=sum(tally.values()), lost=len(ids) - len(tally),
         twice=sum(n - 1 for n in tally.values()), exits=workers.exits(), kills=workers.kills(),
         seconds=round(time.monotonic() - began, 1), finished=finished, logdir=str(logdir),
-        popped_lost=sum(f.lost_at_a_pop for f in fate.values()),
+        popped_lost=sum(fate[i].lost_at_a_pop for i in lost if i in fate),
+        twice_at_a_kill=at_a_kill if case.acks_late else 0,
     )  # fmt: skip
     detail = {
         **asdict(outcome),

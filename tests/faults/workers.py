@@ -36,6 +36,7 @@ class Generation:
     offset: int
     started: float  # time.time()
     killed: bool = False  # by us (SIGKILL of its tree)
+    killed_at: float = 0.0  # time.time() of our SIGKILL
     exited_alone: bool = False  # ended without our kill or stop
     end: int = -1  # where its log ends in the file (-1: still growing)
 
@@ -99,7 +100,7 @@ class Supervisor:
         """SIGKILL worker ``slot`` and its pool processes at once (a machine lost, not a
         shutdown), and start its replacement."""
         generation = self.current[slot]
-        generation.killed = True
+        generation.killed, generation.killed_at = True, time.time()
         with contextlib.suppress(ProcessLookupError):  # its session: the whole tree
             os.killpg(generation.process.pid, signal.SIGKILL)
         stop(generation.process)
@@ -128,6 +129,14 @@ class Supervisor:
         return sum(
             1 for g in self.generations if g.exited_alone or UNRECOVERABLE in self.own_log(g)
         )
+
+    def kill_times(self) -> dict[str, list[float]]:
+        """When we SIGKILLed each worker slot, by node name (``f1``): time.time()."""
+        times: dict[str, list[float]] = {}
+        for g in self.generations:
+            if g.killed:
+                times.setdefault(f"f{g.slot}", []).append(g.killed_at)
+        return times
 
     def kills(self) -> int:
         return sum(1 for g in self.generations if g.killed)

@@ -40,3 +40,20 @@ def test_a_message_popped_as_the_broker_died_is_told_from_one_delivered(binary: 
         "popped": Fate(pushed=1, popped=1, lost_at_a_pop=True, writes_before_death=0),
         "queued": Fate(pushed=1),
     }
+
+
+@pytest.mark.parametrize("binary", find_redis_servers())
+def test_a_message_given_again_unacked_is_told_from_one_sent_again(binary: str) -> None:
+    with RedisServer(binary, None, *AOF) as server:
+        connection = Connection(server.url)
+        queue = connection.SimpleQueue("q")
+        queue.put({"n": 1}, headers={"id": "restored"})
+        queue.get(timeout=5).requeue()  # kombu's restore, as of a dead worker's message
+        queue.get(timeout=5).ack()
+        queue.put({"n": 2}, headers={"id": "sent again"})  # a new message, a new tag
+        queue.put({"n": 3}, headers={"id": "sent again"})
+        queue.close()
+        connection.release()
+        got = fates(read_commands(server.directory), {"q"})
+    assert got["restored"] == Fate(pushed=2, popped=2, unacked=2, restored=1)
+    assert got["sent again"] == Fate(pushed=2)

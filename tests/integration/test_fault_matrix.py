@@ -4,7 +4,9 @@ processes, the faults made for real (a network partition through a proxy, worker
 Redis servers SIGKILLed, RabbitMQ cut off), counted from the tasks' own run records.
 Every case asserts that no task was lost, none ran twice and no worker exited on its
 own; the one loss allowed is one the broker's append-only file shows was kombu's: a
-message taken off the queue in the instant the broker's Redis was killed. The
+message taken off the queue in the instant the broker's Redis was killed; the one second
+run allowed is ``acks_late``'s: a worker killed after a run and before its ack, the
+broker giving that message again. The
 plain-Celery baseline rows (Celery itself loses tasks under some of these faults) are
 in the matrix only."""
 
@@ -37,8 +39,11 @@ def test_fault(case: Case, tmp_path: Path, request: pytest.FixtureRequest) -> No
     # took the message off its queue as the broker died, before any Celery code got it
     # (tests/faults/aof.py; the same loss as plain Celery's, for any message)
     lost_by_us = outcome.lost - outcome.popped_lost
-    assert (lost_by_us, outcome.twice, outcome.exits) == (0, 0, 0), (
-        f"lost (not at a pop)/twice/exits: {outcome} (logs, events, task ids and the "
-        f"broker's file: {tmp_path})"
+    # a second run is allowed only where Celery's acks_late promises one: the broker gave
+    # the message again after we killed the worker that had run it, before its ack
+    twice_by_us = outcome.twice - outcome.twice_at_a_kill
+    assert (lost_by_us, twice_by_us, outcome.exits) == (0, 0, 0), (
+        f"lost (not at a pop)/twice (not acks_late at a kill)/exits: {outcome} (logs, "
+        f"events, task ids and the broker's file: {tmp_path})"
     )
     assert outcome.finished, f"the run did not settle in time: {outcome}"
