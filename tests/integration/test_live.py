@@ -3,7 +3,8 @@ the admitted rate within a second, ``pause`` stops starts within a second and lo
 nothing, ``resume`` and ``unset`` restore the code's limit; the dashboard, in a real
 headless Chromium, shows the funnels, charts them and pauses one; without the token its
 controls refuse, and a control sent as a GET does nothing. Rates are measured from the
-tasks' own start times (``proj.steady``: 20/s in the code)."""
+tasks' own start times (``proj.steady``: 20/s in the code), the limit's peak from the
+times the workers' gates admitted them."""
 
 from __future__ import annotations
 
@@ -75,6 +76,12 @@ def rate(starts: list[float], begin: float, end: float) -> float:
     return sum(begin <= at < end for at in starts) / (end - begin)
 
 
+def _peak_at(times: list[float]) -> float:
+    """Where the second with the most of ``times`` begins (epoch seconds)."""
+    most = peak(times)
+    return next(at for at in times if sum(at <= t < at + 1.0 for t in times) == most)
+
+
 def test_set_changes_the_admitted_rate_within_a_second_and_unset_restores_it(
     cluster: Cluster, record_property: Any
 ) -> None:
@@ -86,20 +93,28 @@ def test_set_changes_the_admitted_rate_within_a_second_and_unset_restores_it(
     _, unset_at, out = cluster.cli("unset", TASK)
     assert "back to the code's limit" in out
     wait_for(lambda: len(cluster.starts()) >= 160, 60)
-    starts = cluster.starts()
+    starts, admitted = cluster.starts(), cluster.admissions()
     before = rate(starts, written - 1.5, written)
     under = rate(starts, written + 1.0, unset_at - 0.5)
     after = rate(starts, unset_at + 1.0, unset_at + 2.0)
     record_property("rates", {"before": before, "override": under, "after_unset": after})
+    most, at = peak(admitted), _peak_at(admitted)
     print(
         f"measured: code 20/s -> {before:.1f}/s; set 5/s -> {under:.1f}/s from 1 s after;"
-        f" unset -> {after:.1f}/s from 1 s after"
+        f" unset -> {after:.1f}/s from 1 s after; admitted at most {most} in a second, from"
+        f" {at - written:.2f} s after set; started at most {peak(starts)} in a second"
     )
     assert 15 <= before <= 22
     assert 3 <= under <= 6.5, "the override's 5/s, from 1 s after it was written"
     assert after >= 14, "the code's 20/s again, 1 s after unset"
     assert len(starts) == 160, "every task ran once"
-    assert peak(starts) <= 21, "never above the code's 20/s"
+    # the limit is on admissions, each timed by the gate that made it: a start adds the
+    # pool's dispatch delay, which on a loaded machine varies by more than a slot (50 ms)
+    assert len(admitted) == 160, "every run admitted once"
+    assert most <= 21, (
+        f"never above the code's 20/s (capacity 1): {most} admitted in the second from"
+        f" {at - written:.2f} s after set, {at - unset_at:.2f} s after unset"
+    )
 
 
 def test_pause_stops_starts_within_a_second_and_resume_runs_every_task_once(

@@ -146,15 +146,17 @@ class Monitor:
 
 
 def seat_figures(made: Rabbit, count: int) -> tuple[float, list[float], list[dict[str, Any]]]:
-    """``count`` tasks of 0.2 s through 3 seats: tasks/s (first start to last end), the
-    hand-offs (each start after the first 3, less the end that freed its seat), the runs."""
+    """``count`` tasks of 0.2 s through 3 seats: how busy the seats were (the runs' own
+    time over 3 x first start to last end: 1.0 when a freed seat is taken at once,
+    whatever a loaded machine adds to each run), the hand-offs (each start after the
+    first 3, less the end that freed its seat), the runs."""
     made.send("bp.seat", count)
     wait_for(lambda: len(made.runs("bp.seat")) >= count, 120)
     runs = made.runs("bp.seat")
     starts = sorted(float(r["at"]) for r in runs)
     ends = sorted(float(r["end"]) for r in runs)
-    rate = count / (ends[-1] - starts[0])
-    return rate, [start - ends[i] for i, start in enumerate(starts[3:])], runs
+    busy = sum(float(r["end"]) - float(r["at"]) for r in runs) / (3 * (ends[-1] - starts[0]))
+    return busy, [start - ends[i] for i, start in enumerate(starts[3:])], runs
 
 
 @pytest.fixture
@@ -168,9 +170,9 @@ def test_a_freed_seat_goes_to_the_next_waiter_in_order(amqp_url: str) -> None:
     """funnel_concurrency=3, 60 tasks of 0.2 s, two workers of 4 processes on RabbitMQ
     and a Redis without AOF: every seat is handed in the exact order the runs were
     refused one (read from the Redis's MONITOR), the starts follow it (two seats freed
-    at once start their waiters within ms, in either order), and the throughput is
-    >= 0.9 x the same run's figure with AOF (parked waiters) and of the ideal 15/s
-    (6.1/s polling in no order before)."""
+    at once start their waiters within ms, in either order), and the seats are kept
+    >= 90% busy (>= 0.9 x the same run's figure with AOF, parked waiters; polling in no
+    order kept them about 40% busy: 6.1 tasks/s of an ideal 15)."""
     figures = {}
     for aof in (False, True):
         with RedisServer(aof=aof) as funnels, RedisServer() as store:
@@ -180,10 +182,10 @@ def test_a_freed_seat_goes_to_the_next_waiter_in_order(amqp_url: str) -> None:
                 if monitor is not None:
                     refused = monitor.firsts("ZADD", "#waiters")
                     handed = monitor.firsts("PUBLISH")
-    (rate, hand_offs, runs), (aof_rate, _, _) = figures[False], figures[True]
+    (busy, hand_offs, runs), (aof_busy, _, _) = figures[False], figures[True]
     start_of = {str(r["id"]): float(r["at"]) for r in runs}
     print(
-        f"\nmeasured: held waiters {rate:.2f} tasks/s (AOF, parked: {aof_rate:.2f}; ideal 15),"
+        f"\nmeasured: held waiters kept the seats {busy:.1%} busy (AOF, parked: {aof_busy:.1%}),"
         f" hand-off median {statistics.median(hand_offs) * 1000:.1f} ms, max"
         f" {max(hand_offs) * 1000:.1f} ms; {len(refused)} waiters"
     )
@@ -202,8 +204,8 @@ def test_a_freed_seat_goes_to_the_next_waiter_in_order(amqp_url: str) -> None:
         f" {max(overtaken, default=0.0) * 1000:.1f} ms"
     )
     assert max(overtaken, default=0.0) < 0.03
-    assert rate >= 0.9 * aof_rate, (rate, aof_rate)
-    assert rate >= 0.9 * 15.0, rate
+    assert busy >= 0.9 * aof_busy, (busy, aof_busy)
+    assert busy >= 0.9, busy
 
 
 def test_resume_takes_effect_within_a_second(
