@@ -9,12 +9,15 @@ says, in ``Request.acknowledge``, before anything is acked."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
 
 import pytest
+import redis
 
+from celery_funnel._limiter.keys import parked_keys
 from celery_funnel.testing import CeleryWorkers, RedisServer
 from tests.integration.proj import close_app, make_app, runs
 from tests.integration.test_one_gate import ROOT
@@ -46,7 +49,8 @@ def _worker(broker: str, funnels: str, prefix: str, queue: str, **env: str) -> C
     base = {
         "FUNNEL_TEST_BROKER": broker, "FUNNEL_TEST_REDIS": funnels, "FUNNEL_TEST_QUEUE": queue,
         "FUNNEL_TEST_VISIBILITY": "4", "FUNNEL_TEST_ACKS_LATE": "1",
-        "FUNNEL_TEST_LIMITS": json.dumps({"proj.plain": "50/s"}),  # the worker gate's
+        # the worker gate's, far from full
+        "FUNNEL_TEST_LIMITS": json.dumps({"proj.plain": {"rate": "1000/s", "capacity": 100}}),
     }  # fmt: skip
     return CeleryWorkers(
         "tests.integration.proj", 1, {**base, **env}, "-c", "1", "-Q", queue, cwd=ROOT,
@@ -99,5 +103,27 @@ def test_a_run_cut_mid_body_with_acks_late_runs_again(
         with survivor:
             survivor.wait_ready()
             wait_for(lambda: _runs(funnels.url, task_id) == 2, 40)
+    finally:
+        close_app(app)
+
+
+def test_the_records_of_runs_acked_are_forgotten(funnels: RedisServer, broker: RedisServer) -> None:
+    """Each run acked late records its end; once its message is acked (a Redis broker
+    confirms an ack) the record goes, one call a second for all of them: 30 runs that
+    never waited (a worker-wide limit far from full) leave none behind once one more run
+    is acked a second later."""
+    queue = f"late-{uuid.uuid4().hex[:8]}"
+    app = make_app(broker.url, funnels.url, queue=queue, task_ignore_result=True)
+    accepted = parked_keys("funnel:").accepted
+    try:
+        with _worker(broker.url, funnels.url, "w", queue) as one:
+            one.wait_ready()
+            sent = [app.tasks["proj.plain"].apply_async((n,)).id for n in range(30)]
+            wait_for(lambda: all(_runs(funnels.url, i) == 1 for i in sent), 40)
+            time.sleep(1.1)  # FORGET_SECONDS since the last call: the next ack forgets
+            last = app.tasks["proj.plain"].apply_async((30,)).id
+            wait_for(lambda: _runs(funnels.url, last) == 1, 40)
+            with redis.Redis.from_url(funnels.url) as client:
+                wait_for(lambda: client.hlen(accepted) == 0, 10)
     finally:
         close_app(app)
