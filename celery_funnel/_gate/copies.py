@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 import uuid
 from collections import deque
@@ -52,6 +53,7 @@ class CopyGuard:
         # (when acked, task id): runs as first sent, acked late, whose end was recorded
         self.ended: deque[tuple[float, str]] = deque(maxlen=ACKS_KEPT)
         self.forgot = 0.0  # when the last call forgetting their records went (monotonic)
+        self.forgetting = threading.Lock()  # one thread at a time takes them
         # id(request) -> (task id, token, request): admitted, message not acked yet
         self.unacked: dict[int, tuple[str, str, Any]] = {}
         self.store: Copies | None = None
@@ -137,18 +139,21 @@ class CopyGuard:
         them). A failure leaves them to expire with the other records."""
         if now - self.forgot < FORGET_SECONDS or self.store is None:
             return
-        self.forgot = now
-        horizon = now - CUT_SECONDS if self.unconfirmed_acks else now
-        ids = []
-        while self.ended and self.ended[0][0] <= horizon:
-            ids.append(self.ended.popleft()[1])
-        if not ids:
+        if not self.forgetting.acquire(blocking=False):  # a pool thread acking does it
             return
         try:
-            self.runtime.outage.check()  # no ack waits on a Redis known to fail
-            self.store.forget(ids)
+            self.forgot = now
+            horizon = now - CUT_SECONDS if self.unconfirmed_acks else now
+            ids = []
+            while self.ended and self.ended[0][0] <= horizon:
+                ids.append(self.ended.popleft()[1])
+            if ids:
+                self.runtime.outage.check()  # no ack waits on a Redis known to fail
+                self.store.forget(ids)
         except Exception as error:  # never fail an ack: the records expire in time
-            logger.debug("celery-funnel: %d record(s) of runs acked late kept: %r", len(ids), error)
+            logger.debug("celery-funnel: records of runs acked late kept: %r", error)
+        finally:
+            self.forgetting.release()
 
     def _rejected(self, key: int, message: Any, *args: Any, **kw: Any) -> Any:
         _unwatch(message)

@@ -43,9 +43,12 @@ def _runs(url: str, task_id: str) -> int:
     return sum(r["id"] == task_id for r in runs(url))
 
 
-def _worker(broker: str, funnels: str, prefix: str, queue: str, **env: str) -> CeleryWorkers:
-    """One worker of ``proj`` (``-c 1``) on ``queue``, acking late; a 4 s visibility
-    timeout on a Redis broker."""
+def _worker(
+    broker: str, funnels: str, prefix: str, queue: str, pool: tuple[str, ...] = ("-c", "1"),
+    **env: str,
+) -> CeleryWorkers:  # fmt: skip
+    """One worker of ``proj`` (``pool``: ``-c 1``) on ``queue``, acking late; a 4 s
+    visibility timeout on a Redis broker."""
     base = {
         "FUNNEL_TEST_BROKER": broker, "FUNNEL_TEST_REDIS": funnels, "FUNNEL_TEST_QUEUE": queue,
         "FUNNEL_TEST_VISIBILITY": "4", "FUNNEL_TEST_ACKS_LATE": "1",
@@ -53,7 +56,7 @@ def _worker(broker: str, funnels: str, prefix: str, queue: str, **env: str) -> C
         "FUNNEL_TEST_LIMITS": json.dumps({"proj.plain": {"rate": "1000/s", "capacity": 100}}),
     }  # fmt: skip
     return CeleryWorkers(
-        "tests.integration.proj", 1, {**base, **env}, "-c", "1", "-Q", queue, cwd=ROOT,
+        "tests.integration.proj", 1, {**base, **env}, *pool, "-Q", queue, cwd=ROOT,
         prefix=prefix,
     )  # fmt: skip
 
@@ -107,16 +110,19 @@ def test_a_run_cut_mid_body_with_acks_late_runs_again(
         close_app(app)
 
 
-def test_the_records_of_runs_acked_are_forgotten(funnels: RedisServer, broker: RedisServer) -> None:
+@pytest.mark.parametrize("pool", [("-c", "1"), ("-P", "threads", "-c", "4")])
+def test_the_records_of_runs_acked_are_forgotten(
+    funnels: RedisServer, broker: RedisServer, pool: tuple[str, ...]
+) -> None:
     """Each run acked late records its end; once its message is acked (a Redis broker
     confirms an ack) the record goes, one call a second for all of them: 30 runs that
     never waited (a worker-wide limit far from full) leave none behind once one more run
-    is acked a second later."""
+    is acked a second later (prefork; and threads, whose acks come from several threads)."""
     queue = f"late-{uuid.uuid4().hex[:8]}"
     app = make_app(broker.url, funnels.url, queue=queue, task_ignore_result=True)
     accepted = parked_keys("funnel:").accepted
     try:
-        with _worker(broker.url, funnels.url, "w", queue) as one:
+        with _worker(broker.url, funnels.url, "w", queue, pool) as one:
             one.wait_ready()
             sent = [app.tasks["proj.plain"].apply_async((n,)).id for n in range(30)]
             wait_for(lambda: all(_runs(funnels.url, i) == 1 for i in sent), 40)
