@@ -8,9 +8,7 @@ Celery's bootsteps give them (each later one ``requires`` the earlier):
    this worker's lease renewal (``_celery.renewal``, a thread started at the first seat
    taken); with it, where seats are taken, the signal receivers that free them when a
    run ends (``_celery.renewal_signals``), and the hand-off listener that wakes held
-   waiters handed a seat (``_celery.handoff``, a thread started at the first one);
-   where a task acks late, the receiver that records a run's end before its ack
-   (``_celery.late_ack``).
+   waiters handed a seat (``_celery.handoff``, a thread started at the first one).
 2. ``ReleaserStep`` (``_celery.releaser``; requires ``FunnelGate``) runs the releaser
    (``releaser``): handed the fair-share dispatcher (``_celery.dispatch``) where a task
    has a fair funnel, and the release publisher (``_celery.release``).
@@ -27,7 +25,7 @@ from .._config.options import option_of
 from .._config.runtime import Runtime, runtime_for
 from .._gate.gate import WorkerGate
 from .._stores.fair import FairStore
-from . import late_ack, renewal_signals
+from . import renewal_signals
 from .dispatch import Dispatcher
 from .handoff import HandOffs
 from .releaser import Releaser, has_fair_funnel, park_store
@@ -65,8 +63,6 @@ def gate(runtime: Runtime, consumer: Any) -> WorkerGate:
             lambda: runtime.funnel.client, runtime.settings.key_prefix, gate.node,
             gate.held.wake_tasks,
         )  # fmt: skip
-    if late_ack.acks_late(consumer.app):  # a task_postrun receiver only where one acks late
-        late_ack.connect()
     if _uses(consumer.app, "funnel_unique"):  # others pay nothing for it
         gate.handle = Front(runtime, consumer.app, gate.handle, gate.events)
     return gate

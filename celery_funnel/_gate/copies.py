@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 import time
 import uuid
 from collections import deque
@@ -32,9 +31,6 @@ logger = logging.getLogger("celery_funnel")
 # are not confirmed): their runs are recorded; at most ACKS_KEPT acks are kept in mind
 CUT_SECONDS = 300.0
 ACKS_KEPT = 50_000
-# the records of runs ended before a late ack (``_celery.late_ack``) whose messages were
-# acked since are forgotten in one call at most this often (seconds)
-FORGET_SECONDS = 1.0
 
 
 def new_token() -> str:
@@ -50,10 +46,6 @@ class CopyGuard:
     def __init__(self, runtime: Runtime, unconfirmed_acks: bool = False) -> None:
         self.runtime, self.unconfirmed_acks = runtime, unconfirmed_acks
         self.acked: deque[tuple[float, str, str]] = deque(maxlen=ACKS_KEPT)
-        # (when acked, task id): runs as first sent, acked late, whose end was recorded
-        self.ended: deque[tuple[float, str]] = deque(maxlen=ACKS_KEPT)
-        self.forgot = 0.0  # when the last call forgetting their records went (monotonic)
-        self.forgetting = threading.Lock()  # one thread at a time takes them
         # id(request) -> (task id, token, request): admitted, message not acked yet
         self.unacked: dict[int, tuple[str, str, Any]] = {}
         self.store: Copies | None = None
@@ -123,37 +115,9 @@ class CopyGuard:
         _unwatch(message)
         result = message.ack(*args, **kw)  # a failed ack keeps the run in mind (unacked)
         found = self.unacked.pop(key, None)
-        if found is not None:
-            now = time.monotonic()
-            if self.unconfirmed_acks:
-                self.acked.append((now, found[0], found[1]))
-            if not found[1] and getattr(getattr(found[2], "task", None), "acks_late", False):
-                self.ended.append((now, found[0]))
-                self._forget_ended(now)
+        if found is not None and self.unconfirmed_acks:
+            self.acked.append((time.monotonic(), found[0], found[1]))
         return result
-
-    def _forget_ended(self, now: float) -> None:
-        """Forget the records of runs ended before their late ack whose messages were
-        acked (``Copies.forget``), at most every ``FORGET_SECONDS``; where acks are not
-        confirmed (AMQP), only those acked ``CUT_SECONDS`` ago (``runs_cut`` may need
-        them). A failure leaves them to expire with the other records."""
-        if now - self.forgot < FORGET_SECONDS or self.store is None:
-            return
-        if not self.forgetting.acquire(blocking=False):  # a pool thread acking does it
-            return
-        try:
-            self.forgot = now
-            horizon = now - CUT_SECONDS if self.unconfirmed_acks else now
-            ids = []
-            while self.ended and self.ended[0][0] <= horizon:
-                ids.append(self.ended.popleft()[1])
-            if ids:
-                self.runtime.outage.check()  # no ack waits on a Redis known to fail
-                self.store.forget(ids)
-        except Exception as error:  # never fail an ack: the records expire in time
-            logger.debug("celery-funnel: records of runs acked late kept: %r", error)
-        finally:
-            self.forgetting.release()
 
     def _rejected(self, key: int, message: Any, *args: Any, **kw: Any) -> Any:
         _unwatch(message)
@@ -178,7 +142,6 @@ class CopyGuard:
         runs = dict.fromkeys([*started, *((i, t) for at, i, t in self.acked if at >= since)])
         self.unacked.clear()
         self.acked.clear()
-        self.ended.clear()  # recorded again below where it may come again: kept
         try:
             recorded = self.store.ran(runs)
         except Exception as error:  # the funnels' Redis failed too: at-least-once

@@ -21,7 +21,7 @@ made again, so that a second copy arriving later is dropped).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from .._limiter.errors import FunnelError
 from .._limiter.scripts import RedisClient
@@ -64,8 +64,8 @@ class Copies(ParkedStore):
 
     def __init__(self, client: RedisClient, prefix: str) -> None:
         super().__init__(client, prefix)
-        self._accept, self._move, self._ran, self._forget = map(
-            self.parked_script, ("copy_accept", "copy_move", "copy_ran", "copy_forget")
+        self._accept, self._move, self._ran = map(
+            self.parked_script, ("copy_accept", "copy_move", "copy_ran")
         )
 
     def accept(
@@ -100,15 +100,6 @@ class Copies(ParkedStore):
         return sum(
             int(self._script(self._ran, self.keys, *args[start : start + 2 * BATCH])[0])
             for start in range(0, len(args), 2 * BATCH)
-        )
-
-    def forget(self, task_ids: Sequence[str]) -> int:
-        """The messages of these runs (each as first sent, its end recorded by ``ran``
-        before a late ack) were acked: forget the records that say only that. Returns
-        how many it removed."""
-        return sum(
-            int(self._script(self._forget, self.keys, *task_ids[start : start + BATCH])[0])
-            for start in range(0, len(task_ids), BATCH)
         )
 
     def move(self, task_id: str, held: str, new: str, origin: str = "") -> bool:

@@ -91,16 +91,8 @@ class Case:
         return f"{float(count) / 2:g}/{per}"
 
 
-def _partitioned(
-    name: str, task: str, count: int = 200, *, aof: bool = False, acks_late: bool = False,
-    ci: bool = True,
-) -> Case:  # fmt: skip
-    """A 10 s cut to the funnels' Redis, 3 s in (``acks_late``: each run's end is
-    recorded there before its ack, so the cut meets that call too)."""
-    return Case(
-        name, task, count, partition(), proxied="funnels", funnels_aof=aof,
-        acks_late=acks_late, ci=ci,
-    )  # fmt: skip
+def _partitioned(name: str, task: str, count: int = 200, *, aof: bool = False) -> Case:
+    return Case(name, task, count, partition(), proxied="funnels", funnels_aof=aof)
 
 
 def _killed(
@@ -157,9 +149,6 @@ CASES: tuple[Case, ...] = (
     _partitioned("partition funnels: worker gate", "faults.gated"),
     _partitioned("partition funnels: concurrency 2", "faults.slot", 40),
     _partitioned("partition funnels: FunnelTask, AOF", "faults.rate", aof=True),
-    _partitioned(
-        "partition funnels: FunnelTask, acks_late", "faults.rate", acks_late=True, ci=False
-    ),
     # (b) a worker SIGKILLed and replaced every 3 s, 6 times; the tasks sent at 4/s as
     # the kills go on (the funnel's rate: a backlog grows while a worker is down) ...
     _killed("worker kills: FunnelTask, AOF", "faults.rate", aof=True),

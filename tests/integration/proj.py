@@ -11,7 +11,6 @@ import datetime
 import gc
 import json
 import os
-import signal
 import socket
 import time
 import warnings
@@ -108,13 +107,6 @@ def make_app(
     def limited(self: Any, n: int = 0) -> int:
         record(self, n)
         return n
-
-    # its first run kills its worker (the whole process group) mid-body, after recording
-    @funnel_task("proj.dies_mid_body")
-    def dies_mid_body(self: Any, n: int = 0) -> None:
-        record(self, n)
-        if sum(json.loads(r)["id"] == self.request.id for r in store.lrange(RUNS, 0, -1)) == 1:
-            os.killpg(os.getpgrp(), signal.SIGKILL)
 
     @funnel_task("proj.per_customer", funnel_key="{customer}")
     def per_customer(self: Any, customer: str, n: int = 0) -> int:
