@@ -7,9 +7,9 @@ refused (``funnel_reservation``), no fair share, no adaptive rate, no override o
 pause in the live table, a first arrival with no booking, no expiry; the units asked
 for (``units``: the rate's worth in ``SECONDS``, at most ``MOST`` and half the capacity)
 more than one; a funnel the worker decides densely (a run of it started or decided
-within ``SECONDS`` before). Any other run is decided as before, alone. Within that bound a worker
-asks for what it spent in its last allowance's time (doubled when it spent them all):
-units it would not spend are not taken from the other workers.
+within ``SECONDS`` before). Any other run is decided as before, alone. Within that
+bound a worker asks for what it spent in its last allowance's time (doubled when it
+spent them all): units it would not spend are not taken from the other workers.
 
 A unit is spent at most once (under a lock: the gate may be entered from more than one
 thread) and at most ``SECONDS`` after the call that took it went out: later, what is

@@ -87,8 +87,10 @@ def twice_at_a_kill(
             node = str(before["worker"]).split("@")[0]
             if not any(before["at"] < t < after["at"] for t in kills.get(node, [])):
                 continue
-            if after.get("redelivered") or again > 0:
-                counted, again = counted + 1, again - (not after.get("redelivered"))
+            if after.get("redelivered"):
+                counted += 1
+            elif again > 0:  # a restore the file shows, not spent on another run yet
+                counted, again = counted + 1, again - 1
     return counted
 
 

@@ -35,10 +35,14 @@ class Generation:
     process: subprocess.Popen[bytes]
     offset: int
     started: float  # time.time()
-    killed: bool = False  # by us (SIGKILL of its tree)
-    killed_at: float = 0.0  # time.time() of our SIGKILL
+    killed_at: float | None = None  # time.time() of our SIGKILL of its tree
     exited_alone: bool = False  # ended without our kill or stop
     end: int = -1  # where its log ends in the file (-1: still growing)
+
+    @property
+    def killed(self) -> bool:
+        """Whether we killed it."""
+        return self.killed_at is not None
 
 
 class Supervisor:
@@ -100,7 +104,7 @@ class Supervisor:
         """SIGKILL worker ``slot`` and its pool processes at once (a machine lost, not a
         shutdown), and start its replacement."""
         generation = self.current[slot]
-        generation.killed, generation.killed_at = True, time.time()
+        generation.killed_at = time.time()
         with contextlib.suppress(ProcessLookupError):  # its session: the whole tree
             os.killpg(generation.process.pid, signal.SIGKILL)
         stop(generation.process)
@@ -134,7 +138,7 @@ class Supervisor:
         """When we SIGKILLed each worker slot, by node name (``f1``): time.time()."""
         times: dict[str, list[float]] = {}
         for g in self.generations:
-            if g.killed:
+            if g.killed_at is not None:
                 times.setdefault(f"f{g.slot}", []).append(g.killed_at)
         return times
 

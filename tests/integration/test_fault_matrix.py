@@ -6,9 +6,8 @@ Every case asserts that no task was lost, none ran twice and no worker exited on
 own; the one loss allowed is one the broker's append-only file shows was kombu's: a
 message taken off the queue in the instant the broker's Redis was killed; the one second
 run allowed is ``acks_late``'s: a worker killed after a run and before its ack, the
-broker giving that message again. The
-plain-Celery baseline rows (Celery itself loses tasks under some of these faults) are
-in the matrix only."""
+broker giving that message again. The plain-Celery baseline rows (Celery itself loses
+tasks under some of these faults) are in the matrix only."""
 
 from __future__ import annotations
 
