@@ -16,6 +16,8 @@ LAYERS = {
     "_limiter": 0,
     "signals": 0,
     "_stores": 1,
+    "_transport": 1,
+    "transport": 2,
     "testing": 1,
     "prometheus": 1,
     "_config": 2,

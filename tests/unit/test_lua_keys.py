@@ -29,7 +29,7 @@ SINGLE_KEY = [
     "GET", "SET", "PEXPIRE", "HGET", "HSET", "HDEL", "HEXISTS", "HINCRBY", "HMGET", "HGETALL",
     "ZADD", "ZREM", "ZCARD", "ZSCORE", "ZRANGE", "ZRANGEBYSCORE", "ZRANGEBYLEX",
     "ZREMRANGEBYSCORE", "ZREMRANGEBYRANK", "ZCOUNT", "PTTL", "EXISTS", "INCRBY", "EXPIRE", "TYPE",
-    "ZREVRANGEBYSCORE",
+    "ZREVRANGEBYSCORE", "LINDEX", "LTRIM", "RPOP",
 ]  # fmt: skip
 KEY_ARGS: dict[str, tuple[int, ...]] = {
     **dict.fromkeys(SINGLE_KEY, (0,)),
