@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from functools import partial
 
 import pytest
 import redis
@@ -56,14 +57,13 @@ def test_tasks_run_once(broker: RedisServer, store: str) -> None:
         wait_for(lambda: held(broker.url) == 0)
 
 
+LOSES = pytest.mark.xfail(
+    strict=True, reason="kombu's own transport loses a message read but not recorded"
+)
+
+
 @pytest.mark.parametrize(
-    "ours",
-    [
-        pytest.param(True, id="ours"),
-        pytest.param(False, id="stock", marks=pytest.mark.xfail(
-            strict=True, reason="kombu's own transport loses a message read but not recorded",
-        )),  # fmt: skip
-    ],
+    "ours", [pytest.param(True, id="ours"), pytest.param(False, id="stock", marks=LOSES)]
 )
 def test_a_worker_killed_right_after_the_fetch_loses_nothing(
     broker: RedisServer, store: str, ours: bool
@@ -111,6 +111,7 @@ def test_celery_purge_empties_the_queue(broker: RedisServer, store: str) -> None
         [sys.executable, "-m", "celery", "-A", "tests.integration.transport_proj",
          "purge", "-f", "-Q", "t"],
         env={**os.environ, **conf.env()}, cwd=ROOT, capture_output=True, text=True, timeout=60,
+        check=False,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "Purged 7 messages" in out.stdout, out.stdout
@@ -137,9 +138,7 @@ def test_global_keyprefix(broker: RedisServer, store: str) -> None:
     assert [key for key in keys if not key.startswith("pfx:")] == []
 
 
-def test_a_broker_restart_loses_its_scripts_not_the_tasks(
-    broker: RedisServer, store: str
-) -> None:
+def test_a_broker_restart_loses_its_scripts_not_the_tasks(broker: RedisServer, store: str) -> None:
     """The broker restarts (its AOF keeps the queue, not the script cache): the fetch
     meets NOSCRIPT, loads the script again, and every task runs once."""
     conf = TransportConf(broker.url, store, options=restoring(5))
@@ -161,6 +160,7 @@ def test_warm_shutdowns_in_a_stream_lose_nothing(broker: RedisServer, store: str
         for round_ in range(3):
             with workers(conf, 2, prefix=f"r{round_}-"):
                 ids += [app.send_task("transport.record", (n, 0.01)).id for n in range(40)]
-                wait_for(lambda: len(counts(store)) >= len(ids) - 30, 60)
+                # stopped mid-stream: once all but 30 have run
+                wait_for(partial(lambda sent: len(counts(store)) >= sent - 30, len(ids)), 60)
         with workers(conf, 1, prefix="last"):
             all_ran_once(store, ids)

@@ -82,12 +82,13 @@ def test_stock_and_our_workers_share_a_queue(broker: RedisServer, store: str) ->
     every task runs once, and both kinds of worker ran some."""
     ours = TransportConf(broker.url, store, options=restoring(30))
     stock = TransportConf(broker.url, store, ours=False, options=restoring(30))
-    with workers(ours, 1, prefix="ours"), workers(stock, 1, prefix="stock"):
-        with producer(ours) as mine, producer(stock) as theirs:
-            ids = []
-            for n in range(60):
-                ids.append((mine if n % 2 else theirs).send_task("transport.record", (n, 0.02)).id)
-            ran_once(store, ids)
+    with (
+        workers(ours, 1, prefix="ours"), workers(stock, 1, prefix="stock"),
+        producer(ours) as mine, producer(stock) as theirs,
+    ):  # fmt: skip
+        ids = [(mine if n % 2 else theirs).send_task("transport.record", (n, 0.02)).id
+               for n in range(60)]  # fmt: skip
+        ran_once(store, ids)
     assert {str(run["worker"]).split("1@")[0] for run in runs(store)} == {"ours", "stock"}
 
 
@@ -95,8 +96,9 @@ def test_a_rollback_to_kombus_transport_restores_what_ours_left(
     broker: RedisServer, store: str
 ) -> None:
     """Our worker (one process, prefetching 4) takes and records a long run and three
-    more messages, the fifth stays queued, and it is SIGKILLed; the setting is removed: a worker on kombu's transport restores them from
-    ``unacked`` after the visibility timeout and runs each once."""
+    more messages, the fifth stays queued, and it is SIGKILLed; the setting is removed:
+    a worker on kombu's transport restores them from ``unacked`` after the visibility
+    timeout and runs each once."""
     # the long run (3 s) is killed; run again, it ends within the visibility timeout (5 s)
     ours = TransportConf(broker.url, store, acks_late=True, options=restoring(5))
     stock = TransportConf(broker.url, store, ours=False, acks_late=True, options=restoring(5))
