@@ -19,6 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from kombu.connection import Connection
 from kombu.entity import Exchange, Queue
 from kombu.messaging import Producer
+from kombu.utils.encoding import bytes_to_str
 
 from celery_funnel.testing import RedisServer
 from celery_funnel.transport import Transport
@@ -128,7 +129,7 @@ class FetchModel(RuleBasedStateMachine):
     def restore(self) -> None:
         """kombu's restore after the visibility timeout (0 here): every record goes back
         to the front of its queue (RPUSH), oldest first as its index has them."""
-        order = [str(tag, "ascii") for tag in self.client.zrange("unacked_index", 0, -1)]
+        order = [bytes_to_str(tag) for tag in self.client.zrange("unacked_index", 0, -1)]
         self.channel.qos.restore_visible(num=1000, interval=1)
         for tag in reversed(order):
             message = self.unacked.pop(tag)
@@ -141,7 +142,7 @@ class FetchModel(RuleBasedStateMachine):
         for (queue, step), expected in self.lists.items():
             raw = self.client.lrange(self.key(queue, step), 0, -1)
             assert [self.stored_id(item) for item in raw] == list(expected)
-        records = {str(tag, "ascii") for tag in self.client.hkeys("unacked")}
+        records = {bytes_to_str(tag) for tag in self.client.hkeys("unacked")}
         assert records == set(self.unacked)
         assert self.client.zcard("unacked_index") == len(self.unacked)
 
