@@ -27,7 +27,7 @@ def install(app: Any) -> Any:
     the gate's header out of the messages a run sends (``_celery.outgoing``); masks
     the funnels' Redis password in ``inspect conf``; adds ``inspect funnel_waiting``
     (``_celery.waiting``) and the task ``celery_funnel.follow`` (what a unique task's
-    follower completes as, ``_gate.follow``). Settings are read when first needed, so
+    follower completes as, ``_shared.follow``). Settings are read when first needed, so
     ``app.conf`` may be filled in after this call.
     """
     # imported here, not at the top: the worker's side (the gate, the live thread and

@@ -17,9 +17,9 @@ from kombu.serialization import loads
 
 from .._config.options import max_waiting_of, option_of, task_name
 from .._config.runtime import runtime_for
-from .._gate.publish import gate_publishes
 from .._limiter.errors import TooManyWaitingError
 from .._limiter.limit import key_part
+from .._shared.publish import gate_publishes
 
 __all__ = ["connect", "enter", "leave", "left_parked", "parked_call"]
 

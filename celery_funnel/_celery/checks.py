@@ -39,9 +39,9 @@ from .._config.options import (
 )
 from .._config.runtime import runtime_for
 from .._config.settings import setting_name
-from .._gate.charges import matching
 from .._limiter.errors import ConfigurationError
 from .._limiter.limit import Limit
+from .._shared.charges import matching
 from .._stores.persistence import Rule
 from .task import FunnelTask
 

@@ -23,10 +23,10 @@ from typing import Any
 
 from .._config.options import debounce_of, task_name
 from .._config.runtime import runtime_for
-from .._gate.publish import gate_publishes, gate_publishing
 from .._limiter.errors import BackendError, ConfigurationError
 from .._limiter.keys import debounce_key
 from .._limiter.limit import key_part
+from .._shared.publish import gate_publishes, gate_publishing
 from .._stores.park import capture
 from .._stores.persistence import Rule
 from .releaser import LEAD_SECONDS

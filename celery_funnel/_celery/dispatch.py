@@ -2,14 +2,14 @@
 (``_celery.releaser``, composed by ``_celery.services``): it books the next free slots
 of every fair funnel with waiting tasks (``HORIZON_SECONDS`` ahead at most) for them in
 weighted round-robin order, and makes their parked entries due at their slots; the
-gate's side of fair funnels is ``_gate.fair``."""
+gate's side of fair funnels is ``_shared.fair``."""
 
 from __future__ import annotations
 
 import logging
 
-from .._gate.fair import FUNNELS
 from .._limiter.errors import BackendError
+from .._shared.fair import FUNNELS
 from .._stores.fair import FairStore
 
 __all__ = [

@@ -11,13 +11,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._config.runtime import Runtime, runtime_for
-from .._gate import adaptive, settling
-from .._gate.judge import Ruling, Subject
-from .._gate.live import live_for
-from .._gate.state import State
 from .._limiter.errors import BackendError, ConfigurationError
 from .._limiter.headers import Upstream, backoff_of, read_headers
 from .._limiter.strategies import capabilities
+from .._shared import adaptive, settling
+from .._shared.judge import Ruling, Subject
+from .._shared.live import live_for
+from .._shared.state import State
 from ..signals import task_settled
 from . import in_task
 

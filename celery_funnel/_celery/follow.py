@@ -1,4 +1,4 @@
-"""The task a follower of a unique task completes as (``_gate.follow``): registered
+"""The task a follower of a unique task completes as (``_shared.follow``): registered
 on every installed app as ``celery_funnel.follow``. Its run returns the outcome of the
 task the follower follows (its return value, or its exception raised again), under the
 follower's own id and message, so that Celery carries the follower's canvas on: the
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._gate.follow import FOLLOW_TASK, follows_of
 from .._limiter.errors import FunnelError
+from .._shared.follow import FOLLOW_TASK, follows_of
 
 __all__ = ["register"]
 

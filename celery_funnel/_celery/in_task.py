@@ -1,9 +1,9 @@
 """The gate of the runs the worker gate did not admit (``FunnelTask.before_start``):
 eager runs with ``funnel_throttle_eager``, and workers without the gate. It calls the
-same gate core (``_gate.judge``); a refused run waits as the wait policy says
+same gate core (``_shared.judge``); a refused run waits as the wait policy says
 (``WaitPolicy.in_task``): slept in place (eager, or too short to publish), else
 published again for the time the funnel names, with everything it was sent with
-(``_gate.publish``), the current run ending with ``Ignore``."""
+(``_shared.publish``), the current run ending with ``Ignore``."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ from celery.exceptions import Ignore
 from .._config.options import dry_run_of, policy_of
 from .._config.runtime import Runtime, runtime_for
 from .._config.waiting import Way
-from .._gate.charges import label_of
-from .._gate.copies import CopyGuard, new_token
-from .._gate.judge import Ruling, Subject, judge, report_wait
-from .._gate.publish import republish
-from .._gate.state import State, admitted_by_gate, requeued
 from .._limiter.errors import BackendError
+from .._shared.charges import label_of
+from .._shared.copies import CopyGuard, new_token
+from .._shared.judge import Ruling, Subject, judge, report_wait
+from .._shared.publish import republish
+from .._shared.state import State, admitted_by_gate, requeued
 from .._stores.copies import CopiesBusyError
 
 __all__ = ["decide", "defer"]
@@ -76,7 +76,7 @@ def defer(
     step: Ruling,
 ) -> None:
     """Publish the run of ``task`` again for ``step.delay`` (capped), as a new copy
-    recorded first (``_gate.copies``), and end this one (raises ``Ignore``). Where the
+    recorded first (``_shared.copies``), and end this one (raises ``Ignore``). Where the
     funnels' Redis cannot record it (it fails, or another send of the task id goes
     first), the copy carries the run's own token: it then goes on as this run's message
     would, delivered again."""

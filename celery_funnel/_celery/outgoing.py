@@ -12,11 +12,11 @@ tasks sent from a body get no headers from the run). User code may copy them too
 Every publish goes through ``amqp.send_task_message``, which sends
 ``before_task_publish`` with the very headers it then publishes, in the process that
 publishes: there, a message published inside a run loses the header unless the gate
-is the publisher (``_gate.publish.gate_publishes``).
+is the publisher (``_shared.publish.gate_publishes``).
 
 Every other message gets a mark of its own send (``SEND``, a new one each time a task is
 sent; the gate's own publishes keep the one they carry): the copies' records tell two
-sends of one task id apart by it (``_gate.publish.origin``), as plain Celery runs both.
+sends of one task id apart by it (``_shared.publish.origin``), as plain Celery runs both.
 A message of a marked run's own task id (a retry, a replacement) is a send of its own
 too: a new mark, nothing else of the run's header.
 
@@ -38,10 +38,10 @@ from celery._state import get_current_worker_task
 
 from .._config.options import concurrency_of, limits_of
 from .._config.runtime import runtime_for
-from .._gate.charges import matching
-from .._gate.follow import FOLLOWS
-from .._gate.publish import gate_publishes
-from .._gate.state import HEADER, SEND, send_mark
+from .._shared.charges import matching
+from .._shared.follow import FOLLOWS
+from .._shared.publish import gate_publishes
+from .._shared.state import HEADER, SEND, send_mark
 
 __all__ = ["connect"]
 

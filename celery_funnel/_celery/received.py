@@ -1,11 +1,11 @@
 """One ``task-received`` event per task, as Celery users count them; and the receipt
-time of every message, which the gate's deadlines count from (``_gate.delivery``).
+time of every message, which the gate's deadlines count from (``_shared.delivery``).
 
 A task the gate parks or publishes again comes back as a new broker message, and
 Celery's strategy (``celery.worker.strategy.default``) sends ``task-received`` for
 every message it is handed: Flower's "Processed", ``State.task_count`` and Flower's
 prefetch gauge counted a deferred task twice or more. A message that carries the
-gate's header (``_gate.state.HEADER``) was published by a gate (the gate's header
+gate's header (``_shared.state.HEADER``) was published by a gate (the gate's header
 belongs only to the messages it published: ``_celery.outgoing``), so it is the same
 task received again: its ``task-received`` is not sent. Everything else about it is
 Celery's (the log line, the ``task_received`` signal, ``task-revoked`` for an expired
@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .._gate.delivery import RECEIVED_AT
-from .._gate.state import HEADER
+from .._shared.delivery import RECEIVED_AT
+from .._shared.state import HEADER
 
 __all__ = ["ReceivedOnce"]
 

@@ -1,14 +1,14 @@
 """The release publisher: publish a parked task's entry as it was captured, with its
 copy's token (a due entry the releaser claimed, ``_celery.releaser``; a waiter handed
-a seat, ``_celery.renewal``), through the gate's producers (``_gate.publish``)."""
+a seat, ``_celery.renewal``), through the gate's producers (``_shared.publish``)."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from .._gate.publish import PUBLISH_TIMEOUT_SECONDS, producer
-from .._gate.state import HEADER
+from .._shared.publish import PUBLISH_TIMEOUT_SECONDS, producer
+from .._shared.state import HEADER
 from .._stores.park import Release
 
 __all__ = ["publish"]

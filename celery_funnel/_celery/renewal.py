@@ -24,9 +24,9 @@ from typing import Any
 from celery.worker import state as worker_state
 
 from .._config.runtime import runtime_for
-from .._gate.state import HEADER
 from .._limiter.errors import BackendError
 from .._limiter.keys import hash_tag
+from .._shared.state import HEADER
 from .._stores.leases import Handed, Lease, LeaseStore, SlotFunnel, header_of
 from .._stores.park import Release
 from .release import publish

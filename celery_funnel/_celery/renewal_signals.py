@@ -15,7 +15,7 @@ from typing import Any
 from celery import signals
 
 from .._config.runtime import runtime_for
-from .._gate.state import HEADER
+from .._shared.state import HEADER
 from .._stores.leases import Lease
 from .renewal import ATTRIBUTE, Leases, leases_for
 

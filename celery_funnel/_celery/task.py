@@ -5,9 +5,9 @@ decides every run before it reaches the pool, over the task's own funnels and ev
 matching ``funnel_limits`` entry at once, and marks the runs it admitted, which
 ``before_start`` then lets through: each funnel is paid once per run. ``before_start``
 is the gate of eager runs (``funnel_throttle_eager``) and of workers without it
-(``_celery.in_task``): it calls the same gate core (``_gate.judge``); a refused task is
+(``_celery.in_task``): it calls the same gate core (``_shared.judge``); a refused task is
 published again, for the time the funnel names, with everything it was sent with
-(``_gate.publish``), and the current run ends with ``Ignore``. ``request.retries`` is
+(``_shared.publish``), and the current run ends with ``Ignore``. ``request.retries`` is
 left alone and ``on_retry`` is not called: deferrals are counted in a header of their
 own. What a run tells its funnels (``funnel_settle``, ``funnel_feedback``,
 ``funnel_backoff``) is ``_celery.feedback``'s.
@@ -23,15 +23,15 @@ from celery import Task
 
 from .._config.options import check_call, check_class, limits_of
 from .._config.runtime import Runtime
-from .._gate.charges import Charge, Charges, OwnCharges
-from .._gate.fair import fair_of
-from .._gate.follow import follows_of
-from .._gate.publish import gate_publishes
-from .._gate.state import HEADER, admitted_by_gate
 from .._limiter.errors import BackendError
 from .._limiter.headers import Upstream
 from .._limiter.keys import safe_part
 from .._limiter.limit import Limit, fixed
+from .._shared.charges import Charge, Charges, OwnCharges
+from .._shared.fair import fair_of
+from .._shared.follow import follows_of
+from .._shared.publish import gate_publishes
+from .._shared.state import HEADER, admitted_by_gate
 from . import backlog, debounce, feedback, in_task, unique
 
 __all__ = ["HEADER", "FunnelTask", "limits_of", "own_charges"]

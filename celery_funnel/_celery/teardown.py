@@ -17,7 +17,7 @@ attached: the second close gives the messages back (or fails with a connection e
 while the broker is down; the broker then restores them after its visibility timeout).
 
 Before anything of the dead connection is torn down, ``LostConnection`` lets the gate
-record the runs whose messages the broker will give again (``_gate.copies.CopyGuard.
+record the runs whose messages the broker will give again (``_shared.copies.CopyGuard.
 runs_cut``): started from messages not acked yet (the teardown gives them back at once
 on kombu's Redis transport), or acked lately where acks are not confirmed (AMQP).
 """

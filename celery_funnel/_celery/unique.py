@@ -31,9 +31,9 @@ from celery.worker.state import task_ready
 from .._config.dedupe import Unique
 from .._config.options import unique_of
 from .._config.runtime import Runtime, runtime_for
-from .._gate.follow import FOLLOWS, ended, follows_of, in_canvas, unique_funnel
-from .._gate.publish import gate_publishes
 from .._limiter.keys import hash_tag
+from .._shared.follow import FOLLOWS, ended, follows_of, in_canvas, unique_funnel
+from .._shared.publish import gate_publishes
 from .loop import Loop, log_failure
 from .renewal import alive
 
@@ -46,7 +46,7 @@ PAUSE_SECONDS = 1.0  # the longest pause between two renewals
 
 def claim(task: Any, args: Any, kwargs: Any, options: dict[str, Any]) -> Any:
     """Before a send: take the task's unique key for it (its id set in ``options``).
-    None: send it, holding the key or, inside a canvas (``_gate.follow``), as a
+    None: send it, holding the key or, inside a canvas (``_shared.follow``), as a
     follower of the task that holds it (``options``' headers say which); else the
     ``AsyncResult`` of the task that holds the key (send nothing). A holder whose
     outcome is stored has ended (its key not freed yet): the key is taken over.

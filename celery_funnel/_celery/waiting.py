@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._gate.charges import label_of
 from .._gate.gate import WorkerGate
-from .._gate.state import HEADER, State
+from .._shared.charges import label_of
+from .._shared.state import HEADER, State
 
 __all__ = ["register", "waiting"]
 

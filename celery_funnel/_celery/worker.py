@@ -14,8 +14,8 @@ from celery import bootsteps
 from .._config.options import concurrency_of, debounce_of, unique_of
 from .._config.runtime import Runtime, runtime_for
 from .._gate.gate import WorkerGate
-from .._gate.publish import close_producers
 from .._limiter.errors import ConfigurationError
+from .._shared.publish import close_producers
 from .._stores.persistence import Rule
 from . import debounce, services
 from .checks import check_app, check_fair, refuse_start

@@ -11,10 +11,10 @@ import click
 from celery.bin.base import CeleryCommand
 
 from .._config.runtime import runtime_for
-from .._gate.overrides import Override
 from .._limiter.errors import ConfigurationError
 from .._ops import control
 from .._ops.view import utc_time
+from .._shared.overrides import Override
 
 __all__ = ["dashboard", "override_lines", "pause", "resume", "set_command", "unset"]
 

@@ -24,7 +24,7 @@ class CountdownPolicy:
     queues), so countdowns are rounded down and the last second is waited in place;
     ``limit``: how long the broker lets a worker keep a message un-acked (seconds:
     the Redis transport's ``visibility_timeout``, RabbitMQ's ``consumer_timeout``),
-    whatever the cap (``_gate.delivery`` counts a delivery's deadlines from it)."""
+    whatever the cap (``_shared.delivery`` counts a delivery's deadlines from it)."""
 
     cap: float
     whole_seconds: bool = False

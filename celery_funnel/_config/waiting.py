@@ -9,7 +9,7 @@ The ways (``Way``), for a wait of ``delay`` seconds:
   countdown cap) and ends before the task expires, and the funnels' Redis is not the
   one failing (an outage back-off); or always, a run queued on a fair-share funnel;
 - ``HOLD``: held on the consumer's timer when the hold ends by its delivery's
-  ``hold_until`` (``_gate.delivery``), or when the wait is too short to publish (under
+  ``hold_until`` (``_shared.delivery``), or when the wait is too short to publish (under
   a second on a broker that delays by whole seconds); outside the gate (a
   FunnelTask's ``before_start``): slept in place, when eager or too short to publish;
 - ``BACK_OFF``: the funnels' Redis fails and the hold would pass ``hold_until``: held

@@ -1,3 +1,3 @@
-"""Deciding one run: the header a task carries between deliveries, the charges of a
-run, ``judge``, and what the worker gate does with a refused run (hold it, park it,
-publish it again, wait for a concurrency slot or a fair-share turn)."""
+"""Deciding one message: the worker gate (``gate``) and what it does with a refused run
+(hold it, park it, publish it again, wait for a concurrency seat or a fair-share turn),
+built on what it shares with the worker's services (``_shared``)."""

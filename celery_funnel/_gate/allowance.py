@@ -31,9 +31,9 @@ from redis.exceptions import NoScriptError, RedisError
 from .._config.runtime import Runtime
 from .._limiter.scripts import Call
 from .._limiter.strategies import allowance, reservation
+from .._shared.charges import Charge
+from .._shared.live import Live
 from .arrival import Arrival
-from .charges import Charge
-from .live import Live
 
 __all__ = ["Allowances", "Keep"]
 

@@ -9,12 +9,12 @@ from typing import Any, NamedTuple
 from .._config.options import dry_run_of, policy_of
 from .._config.runtime import Runtime
 from .._limiter.fair import rank
+from .._shared.charges import Charge, label_of
+from .._shared.charges_decide import FairAdmit
+from .._shared.delivery import Delivery, until_expiry
+from .._shared.judge import Subject
+from .._shared.state import State
 from .._stores.leases import SlotFunnel
-from .charges import Charge, label_of
-from .charges_decide import FairAdmit
-from .delivery import Delivery, until_expiry
-from .judge import Subject
-from .state import State
 
 __all__ = ["Arrival", "TaskOptions", "subject_of"]
 

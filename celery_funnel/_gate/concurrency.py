@@ -24,14 +24,14 @@ from .._config.waiting import HELD_MARK_SECONDS, Way
 from .._limiter.concurrency import Concurrency
 from .._limiter.errors import BackendError
 from .._limiter.limit import key_part
+from .._shared.charges import matching
+from .._shared.judge import Ruling, on_outage
+from .._shared.live import live_for
+from .._shared.overrides import concurrency_for
+from .._shared.state import HEADER
 from .._stores.leases import Handed, HeldWaiter, Lease, LeaseStore, SlotFunnel, slot_funnels_of
 from .arrival import Arrival
-from .charges import matching
-from .judge import Ruling, on_outage
-from .live import live_for
-from .overrides import concurrency_for
 from .parking import Parking
-from .state import HEADER
 from .waits import Waits
 
 __all__ = ["HandOffs", "Renewal", "RenewalOf", "Seats", "SlotFunnels"]

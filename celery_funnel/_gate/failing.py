@@ -11,7 +11,7 @@ from typing import Any
 
 from celery.worker.state import task_ready
 
-from .delivery import fail_request
+from .._shared.delivery import fail_request
 from .held import Held
 
 __all__ = ["Failing"]

@@ -32,23 +32,23 @@ from .._config.runtime import Runtime
 from .._limiter.errors import BackendError
 from .._limiter.keys import safe_part
 from .._limiter.limit import Limit
+from .._shared.charges import Charge, Charges, OwnOf, label_of, labels_of
+from .._shared.copies import CopyGuard
+from .._shared.delivery import Delivery, ack, delivery_of, hand_back
+from .._shared.follow import Follow, Next, follows_of
+from .._shared.judge import RUN, Ruling, judge, waiting
+from .._shared.live import live_for
+from .._shared.publish import republish
+from .._shared.state import HEADER, State, gate_mark
 from .._stores.leases import Lease
 from .allowance import Allowances
 from .arrival import Arrival, TaskOptions, subject_of
-from .charges import Charge, Charges, OwnOf, label_of, labels_of
 from .concurrency import RenewalOf, Seats, SlotFunnels
-from .copies import CopyGuard
-from .delivery import Delivery, ack, delivery_of, hand_back
 from .failing import Failing
-from .follow import Follow, Next, follows_of
 from .held import Held, cancel_run_booking
 from .inflight import InFlightDecisions
 from .inflight_connection import InFlight
-from .judge import RUN, Ruling, judge, waiting
-from .live import live_for
 from .parking import Parking
-from .publish import republish
-from .state import HEADER, State, gate_mark
 from .waits import Publish, Waits
 from .window import Window
 

@@ -23,12 +23,12 @@ from celery.worker.state import revoked as revoked_tasks
 
 from .._config.runtime import Runtime
 from .._limiter.strategies import capabilities
+from .._shared.charges import Charge
+from .._shared.charges_decide import joint
+from .._shared.delivery import hand_back, overdue
+from .._shared.state import State
 from .._stores.give_back import CancelOp
-from .charges import Charge
-from .charges_decide import joint
-from .delivery import hand_back, overdue
 from .nudge import Nudge
-from .state import State
 
 __all__ = ["Held", "cancel_run_booking"]
 

@@ -24,14 +24,14 @@ from redis.exceptions import RedisError
 
 from .._config.runtime import Runtime
 from .._limiter.scripts import Admits, Call
+from .._shared.charges import Charge
+from .._shared.judge import RUN, Ruling, Subject, judge
+from .._shared.live import Live
+from .._shared.state import State
 from .._stores.leases import Lease
 from .allowance import Allowances, Keep
 from .arrival import Arrival
-from .charges import Charge
 from .inflight_connection import InFlight
-from .judge import RUN, Ruling, Subject, judge
-from .live import Live
-from .state import State
 from .window import Window
 
 __all__ = ["STAND_IN", "InFlightDecisions"]

@@ -15,12 +15,12 @@ from typing import Any
 
 from .._config.runtime import Runtime
 from .._limiter.errors import BackendError
+from .._shared.charges import Charge
+from .._shared.charges_decide import FairAdmit
+from .._shared.fair import SAFETY_SECONDS, Queues, admit
+from .._shared.publish import park
 from .._stores.fair import FairStore
 from .._stores.park import ParkStore
-from .charges import Charge
-from .charges_decide import FairAdmit
-from .fair import SAFETY_SECONDS, Queues, admit
-from .publish import park
 
 __all__ = ["QUEUE_GRACE_SECONDS", "Parking"]
 

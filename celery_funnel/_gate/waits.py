@@ -18,17 +18,17 @@ from typing import Any, NamedTuple
 from .._config.outage import BACKOFF_FIRST_SECONDS
 from .._config.runtime import Runtime
 from .._config.waiting import Way
+from .._shared.charges_decide import lead
+from .._shared.copies import CopyGuard, new_token
+from .._shared.delivery import ack, hand_back, until_expiry
+from .._shared.fair import fair_charge
+from .._shared.judge import Ruling, report_wait, waiting
+from .._shared.publish import republish
+from .._shared.state import State, requeued
 from .._stores.copies import CopiesBusyError
 from .arrival import Arrival
-from .charges_decide import lead
-from .copies import CopyGuard, new_token
-from .delivery import ack, hand_back, until_expiry
-from .fair import fair_charge
 from .held import Held
-from .judge import Ruling, report_wait, waiting
 from .parking import Parking
-from .publish import republish
-from .state import State, requeued
 
 __all__ = ["ACTS", "Act", "Events", "Plan", "Publish", "Waits"]
 

@@ -11,11 +11,11 @@ from typing import Any, NamedTuple
 from .._celery.task import FunnelTask
 from .._config.options import concurrency_of, limits_of
 from .._config.runtime import Runtime
-from .._gate.overrides import Override
 from .._limiter import strategies
 from .._limiter.concurrency import Concurrency
 from .._limiter.keys import FunnelKey
 from .._limiter.limit import Limit
+from .._shared.overrides import Override
 from .control import LIMIT_PREFIX
 from .view import Found, lease_funnels
 

@@ -14,7 +14,6 @@ from typing import Any
 from .._celery.task import FunnelTask
 from .._config.options import concurrency_of, limits_of
 from .._config.runtime import Runtime, runtime_for
-from .._gate.overrides import Override, parse_ttl
 from .._limiter.errors import ConfigurationError
 from .._limiter.keys import FunnelKey, live_key, parse_key, ranks_key, tickets_key
 from .._limiter.limit import Limit
@@ -22,6 +21,7 @@ from .._limiter.scripts import Script, run_script
 from .._limiter.strategies import capabilities
 from .._limiter.strategies.gcra import funnel_shape
 from .._limiter.values import did_you_mean
+from .._shared.overrides import Override, parse_ttl
 from .._stores.park import ParkStore
 from .view import adaptive_rates as adaptive_rates_of
 from .view import find, limit_of

@@ -1,4 +1,4 @@
-"""A worker's live thread: it keeps the worker's copy of the overrides (``_gate.live``)
+"""A worker's live thread: it keeps the worker's copy of the overrides (``_shared.live``)
 fresh and writes the numbers the dashboard charts, in one round trip about twice a
 second, never on the task path (a consumer bootstep thread in the worker's main
 process, like the releaser)."""
@@ -15,9 +15,10 @@ from .. import signals
 from .._celery.loop import Loop, LoopStep, log_failure
 from .._celery.worker import ReleaserStep
 from .._config.runtime import runtime_for
-from .._gate.adaptive import adaptive_key
 from .._gate.gate import WorkerGate
-from .._gate.live import (
+from .._limiter.keys import live_key, parked_keys
+from .._shared.adaptive import adaptive_key
+from .._shared.live import (
     PAUSED_REFRESH_SECONDS,
     REFRESH_SECONDS,
     SERIES_KEEP_SECONDS,
@@ -25,8 +26,7 @@ from .._gate.live import (
     live_for,
     series_key,
 )
-from .._gate.overrides import Change, Override, changes
-from .._limiter.keys import live_key, parked_keys
+from .._shared.overrides import Change, Override, changes
 from . import control
 from .queues import QueueCounts
 
@@ -41,7 +41,7 @@ class LiveThread(Loop):
     is paused, or a resume waits to be acted on) until ``stop()``. ``waiting()``: how many
     tasks this worker holds, per funnel label; ``queues()``: (queue, how) -> tasks waiting
     on a funnel (``_ops.queues``; read only when a receiver of ``live_refreshed`` asks);
-    ``changed(changes)``: the overrides in force changed (``_gate.overrides.Change`` by
+    ``changed(changes)``: the overrides in force changed (``_shared.overrides.Change`` by
     funnel name; set, ended, expired)."""
 
     name = "celery-funnel-live"

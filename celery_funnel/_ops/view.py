@@ -13,7 +13,6 @@ from redis.exceptions import RedisError
 from .._celery.task import FunnelTask
 from .._config.options import limits_of
 from .._config.runtime import Runtime
-from .._gate.adaptive import adaptive_key
 from .._limiter import strategies
 from .._limiter.backends.redis import RedisFunnel
 from .._limiter.errors import BackendConfigurationError, BackendError
@@ -26,6 +25,7 @@ from .._limiter.keys import (
     tickets_key,
 )
 from .._limiter.limit import Limit
+from .._shared.adaptive import adaptive_key
 from .._stores.fair import fair_status
 from .._stores.unique import UniqueStore
 

@@ -30,8 +30,8 @@ from celery import states
 
 from .._celery.waiting import COMMAND as WAITING
 from .._config.runtime import Runtime
-from .._gate.state import State
 from .._limiter.keys import lease_keys, parked_keys
+from .._shared.state import State
 from .._stores.park import decode_message
 from .view import find
 

@@ -89,7 +89,7 @@ def _book(
 
 
 FairAdmit = Callable[[Charge, int], Verdict]
-"""The worker gate's step on a fair-share charge (``_gate.fair.admit``): the charge and
+"""The worker gate's step on a fair-share charge (``_shared.fair.admit``): the charge and
 how often its ticket came too late."""
 
 

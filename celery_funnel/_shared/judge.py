@@ -5,7 +5,7 @@ Both entry points call it: the worker gate (``consumer.on_task_request``, the si
 of every task a worker with celery-funnel installed receives) and ``FunnelTask.before_start``
 (eager runs and workers without the gate). They differ only in how a task waits (held on
 the consumer's timer, slept, or published again) and how it fails. How the charges
-themselves are decided, each funnel once per run, is ``_gate.charges_decide``'s.
+themselves are decided, each funnel once per run, is ``_shared.charges_decide``'s.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class Ruling(NamedTuple):
     error: BaseException | None = None
     booked: bool = False
     outage: bool = False
-    queued: int = 0  # fair share: 1 park it in its tenant's queue, 2 in front (_gate.fair)
+    queued: int = 0  # fair share: 1 park it in its tenant's queue, 2 in front (_shared.fair)
 
 
 RUN = Ruling(run=True)

@@ -1,5 +1,5 @@
 """What live operation keeps for one app in one worker (``Live``): the overrides table
-and the adaptive rates (``_gate.adaptive``) the gate decides with, and the decisions
+and the adaptive rates (``_shared.adaptive``) the gate decides with, and the decisions
 counted for the dashboard. The live thread (``_ops.live``) keeps the tables fresh
 and writes the counts.
 

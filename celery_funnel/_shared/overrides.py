@@ -242,7 +242,7 @@ def changes(before: Mapping[str, Override], after: Mapping[str, Override]) -> di
 def concurrency_for(table: OverrideTable | None, name: str, code: int | None) -> int | None:
     """The concurrency funnel ``name`` runs with: its override's, else ``code`` (the
     task option or ``funnel_limits`` entry). The one place concurrency limits read
-    an override from (``_gate.live.live_for(app).overrides`` is the worker's table)."""
+    an override from (``_shared.live.live_for(app).overrides`` is the worker's table)."""
     found = None if table is None else table.get(name)
     if found is None or found.concurrency is None:
         return code

@@ -162,7 +162,7 @@ def producer(app: Any) -> Iterator[Any]:
     """A producer of ``app``'s broker whose publishes the broker holds when they return:
     on RabbitMQ each waits for the broker's confirmation (at most
     ``PUBLISH_TIMEOUT_SECONDS``), on the Redis transport for Redis's reply. A copy
-    of a task is counted as published only then (``_gate.copies``)."""
+    of a task is counted as published only then (``_shared.copies``)."""
     with _producers(app).acquire(block=True) as acquired:  # type: ignore[no-untyped-call]
         yield acquired
 

@@ -10,7 +10,7 @@ the one accepted, else the first accepted of those published. A copy is checked 
 arrives carrying a token, or when the broker delivers a message again; a message as
 first sent, delivered once, goes on without a check (nothing copied it yet).
 
-A record follows one send of a task id at a time (``_gate.publish.origin`` tells sends
+A record follows one send of a task id at a time (``_shared.publish.origin`` tells sends
 apart): a copy of another send of the id, while the first one's is on its way (parked,
 or a copy published and not accepted yet), waits: ``CopiesBusyError``.
 
@@ -80,7 +80,7 @@ class Copies(ParkedStore):
         """A worker received copy ``token`` ("" for the message as first sent) of task
         ``task_id``: True when it goes on (it is the accepted copy now), False to drop
         it. ``origin``: what tells copies of one message from another message given the
-        same id (``_gate.publish.origin``). ``drop``: the task was revoked; settle its
+        same id (``_shared.publish.origin``). ``drop``: the task was revoked; settle its
         record and let no copy go on. ``redelivered``: the broker delivered it again.
 
         Raises:

@@ -13,12 +13,12 @@ from .._celery.debounce import label_of
 from .._celery.task import FunnelTask
 from .._config.options import debounce_of, unique_of
 from .._config.runtime import runtime_for
-from .._gate.live import SERIES_KEEP_SECONDS, series_key
 from .._limiter.errors import ConfigurationError
 from .._limiter.keys import FunnelKey, live_key
 from .._ops import control
 from .._ops.configured import configured
 from .._ops.view import Failure, Found, describe, find, lease_funnels, limit_of
+from .._shared.live import SERIES_KEEP_SECONDS, series_key
 from .._stores.leases import LeaseStore
 from .._stores.park import ParkStore
 

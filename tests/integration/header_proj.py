@@ -16,7 +16,7 @@ import redis
 from celery import Celery, chain, chord, group
 
 from celery_funnel import FunnelTask
-from celery_funnel._gate.state import HEADER
+from celery_funnel._shared.state import HEADER
 from tests.integration.proj import new_app
 
 SEEN = "seen"

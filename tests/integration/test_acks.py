@@ -17,8 +17,8 @@ from kombu.message import Message
 from kombu.serialization import dumps
 
 from celery_funnel._config.runtime import runtime_for
-from celery_funnel._gate.copies import CopyGuard
-from celery_funnel._gate.state import FRESH
+from celery_funnel._shared.copies import CopyGuard
+from celery_funnel._shared.state import FRESH
 from tests.integration.proj import close_app, make_app
 
 RUNS, EVERY = 400, 20  # one run in EVERY is not acked when the connection dies

@@ -15,7 +15,7 @@ from celery.contrib.testing.worker import start_worker
 
 from celery_funnel import FunnelTask, control
 from celery_funnel._config.runtime import runtime_for
-from celery_funnel._gate.live import live_for
+from celery_funnel._shared.live import live_for
 from tests.integration.proj import close_app, new_app
 from tests.polling import wait_for
 

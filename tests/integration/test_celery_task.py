@@ -15,8 +15,8 @@ from celery.result import _set_task_join_will_block
 from kombu.asynchronous import set_event_loop
 
 from celery_funnel import ConfigurationError, CostTooHighError, FunnelTask
-from celery_funnel._gate.state import admitted_by_gate
 from celery_funnel._limiter.strategies.reservation import DEFAULT_EARLY_SECONDS
+from celery_funnel._shared.state import admitted_by_gate
 from tests.integration.proj import close_app, make_app, runs
 from tests.polling import wait_for
 

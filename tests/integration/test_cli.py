@@ -11,10 +11,10 @@ import pytest
 import redis
 
 from celery_funnel import RedisFunnel
-from celery_funnel._gate.adaptive import adaptive_key
 from celery_funnel._limiter.keys import limit_key, task_key
 from celery_funnel._limiter.rate import Rate
 from celery_funnel._limiter.strategies.adapt import Adaptive
+from celery_funnel._shared.adaptive import adaptive_key
 from celery_funnel.testing import free_port
 
 pytestmark = pytest.mark.redis

@@ -17,7 +17,7 @@ import pytest
 from kombu.connection import Connection
 from kombu.entity import Queue
 
-from celery_funnel._gate.state import HEADER, State
+from celery_funnel._shared.state import HEADER, State
 from celery_funnel.testing import CeleryWorkers, RedisServer
 from tests.integration.conftest import nothing_left
 from tests.integration.header_proj import KIDS, PARENTS, REPLACEMENTS, make_app, seen_runs

@@ -21,13 +21,13 @@ from redis.exceptions import NoScriptError
 from celery_funnel import Decision, Funnel, Limit, Rate, RedisFunnel
 from celery_funnel._config.runtime import runtime_for
 from celery_funnel._gate import inflight_connection as _inflight
-from celery_funnel._gate.charges import Charge
 from celery_funnel._gate.inflight import STAND_IN, InFlightDecisions
 from celery_funnel._gate.inflight_connection import InFlight
-from celery_funnel._gate.judge import Ruling, Subject, judge
-from celery_funnel._gate.live import live_for
-from celery_funnel._gate.state import State
 from celery_funnel._limiter.keys import tickets_key
+from celery_funnel._shared.charges import Charge
+from celery_funnel._shared.judge import Ruling, Subject, judge
+from celery_funnel._shared.live import live_for
+from celery_funnel._shared.state import State
 from celery_funnel.testing import RedisServer
 from tests.integration.proj import close_app, make_app, runs
 from tests.integration.test_one_gate import once_each, send, workers

@@ -22,10 +22,10 @@ import redis
 from prometheus_client import CollectorRegistry
 
 from celery_funnel import Rate, control, prometheus
-from celery_funnel._gate.charges import Charge
-from celery_funnel._gate.live import Live, series_key
 from celery_funnel._limiter.limit import Limit
 from celery_funnel._ops.live import LiveThread
+from celery_funnel._shared.charges import Charge
+from celery_funnel._shared.live import Live, series_key
 from celery_funnel._stores.park import ParkStore
 from celery_funnel.testing import peak
 from tests.integration.conftest import sample

@@ -32,7 +32,7 @@ LEASES, FAIR = "tests.integration.lease_proj", "tests.integration.fair_proj"
 # the point of each crash: after the task's entry is parked (and before its message is
 # acked), before it is queued
 BEFORE_A_SEAT_QUEUE = "celery_funnel._gate.concurrency:SlotFunnels.queue"
-BEFORE_A_TENANT_QUEUE = "celery_funnel._gate.fair:Queues.queue"
+BEFORE_A_TENANT_QUEUE = "celery_funnel._shared.fair:Queues.queue"
 # the entry waits QUEUE_GRACE_SECONDS (10 s) when its queueing never came; a releaser's
 # pass, the broker's redelivery of what the dead worker held (5 s) and the run on top
 FOUND_WITHIN = 45.0

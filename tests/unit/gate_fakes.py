@@ -25,13 +25,13 @@ from celery.worker import state as worker_state
 
 from celery_funnel._config.outage import OutageLog
 from celery_funnel._config.runtime import Runtime
-from celery_funnel._gate.charges import OwnCharges
-from celery_funnel._gate.delivery import Delivery, delivery_of
 from celery_funnel._gate.gate import WorkerGate
-from celery_funnel._gate.state import HEADER
 from celery_funnel._limiter.backends.memory import MemoryFunnel
 from celery_funnel._limiter.errors import BackendError
 from celery_funnel._limiter.scripts import Arg, Reply, Script
+from celery_funnel._shared.charges import OwnCharges
+from celery_funnel._shared.delivery import Delivery, delivery_of
+from celery_funnel._shared.state import HEADER
 
 T0 = 1_700_000_000.0
 _ids = itertools.count(1)
@@ -97,7 +97,7 @@ class Message:
         self.acked = False
         self.requeued: bool | None = None  # rejected: requeued (True) or not
         if received is not None:
-            self.celery_funnel_received = received  # _gate.delivery.RECEIVED_AT
+            self.celery_funnel_received = received  # _shared.delivery.RECEIVED_AT
 
     def ack(self) -> None:
         self.acked = True
@@ -244,7 +244,7 @@ class Published:
 
 
 class Publisher:
-    """Publishes a refused run again (``_gate.publish.republish``'s signature), into a
+    """Publishes a refused run again (``_shared.publish.republish``'s signature), into a
     list; ``broken``: the broker refuses it (raises)."""
 
     def __init__(self, journal: list[tuple[str, str]]) -> None:

@@ -16,17 +16,17 @@ import pytest
 from celery_funnel import signals
 from celery_funnel._gate.allowance import KEYS, Allowances
 from celery_funnel._gate.arrival import Arrival
-from celery_funnel._gate.charges import Charge
 from celery_funnel._gate.inflight_connection import InFlight
-from celery_funnel._gate.judge import Subject
-from celery_funnel._gate.live import live_for
-from celery_funnel._gate.overrides import Override
-from celery_funnel._gate.state import State
 from celery_funnel._limiter.limit import Limit
 from celery_funnel._limiter.rate import Rate
 from celery_funnel._limiter.scripts import Call
 from celery_funnel._limiter.strategies import allowance, reservation
 from celery_funnel._limiter.strategies.reservation import ReserveOp, Shape
+from celery_funnel._shared.charges import Charge
+from celery_funnel._shared.judge import Subject
+from celery_funnel._shared.live import live_for
+from celery_funnel._shared.overrides import Override
+from celery_funnel._shared.state import State
 from tests.unit.gate_fakes import Fakes
 
 LEASED = [0, 0, 50_000, 0, 10]  # allowance.lua's reply: 10 units taken

@@ -12,8 +12,8 @@ import pytest
 
 from celery_funnel._config.countdown import CountdownPolicy
 from celery_funnel._config.outage import OutageLog
-from celery_funnel._gate.delivery import RECEIVED_AT, delivery_of, overdue
 from celery_funnel._limiter.errors import BackendError
+from celery_funnel._shared.delivery import RECEIVED_AT, delivery_of, overdue
 from tests.polling import wait_for
 
 BROKER = CountdownPolicy(cap=10.0, limit=20.0)  # the default: the cap is half the limit

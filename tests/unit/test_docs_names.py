@@ -18,7 +18,7 @@ from celery_funnel import FunnelTask, prometheus
 from celery_funnel._celery import waiting
 from celery_funnel._cli.commands import funnel
 from celery_funnel._config import options, settings
-from celery_funnel._gate.state import SEND
+from celery_funnel._shared.state import SEND
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -1,6 +1,6 @@
 """Every module a docstring, a comment or a page of docs/ names exists: a path
 (``_gate/held.py``, ``celery_funnel/_celery/worker.py``, ``lua/reserve.lua``), a dotted
-name (``_gate.judge``, ``celery_funnel._stores.park.ParkStore``) or a private module's
+name (``_shared.judge``, ``celery_funnel._stores.park.ParkStore``) or a private module's
 name alone (``_chain``). The package was laid out again more than once; a name from an
 older layout sends a reader to a file that is not there."""
 
@@ -34,12 +34,12 @@ BASENAMES = {Path(f).name for f in FILES}
 
 
 def _module(path: str) -> str:
-    """``celery_funnel/_gate/judge.py`` -> ``_gate.judge`` (the package itself: "")."""
+    """``celery_funnel/_shared/judge.py`` -> ``_shared.judge`` (the package itself: "")."""
     parts = Path(path).relative_to("celery_funnel").with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-# the package's modules by dotted name below celery_funnel ("_gate.judge", "_gate", "")
+# the package's modules by dotted name below celery_funnel ("_shared.judge", "_gate", "")
 MODULES = {_module(f) for f in FILES if f.startswith("celery_funnel/") and f.endswith(".py")}
 MODULE_BASENAMES = {m.rpartition(".")[2] for m in MODULES}
 # names that appear as identifiers anywhere in the package's code
@@ -230,7 +230,7 @@ def test_every_named_module_exists() -> None:
         ("see ``_gate/hold.py``", ["_gate/hold.py"]),
         ("by ``_limiter/lua/reserve.lua``", ["_limiter/lua/reserve.lua"]),
         ("``lua/reserve.lua``", []),
-        ("``_gate.judge.decide``", []),
+        ("``_shared.judge.decide``", []),
         ("``celery_funnel._stores.park``", []),
         ("``_gate.judged``", ["_gate.judged"]),
         ("(``_park``)", ["_park"]),

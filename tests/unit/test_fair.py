@@ -11,10 +11,10 @@ from celery import Celery
 
 from celery_funnel import ConfigurationError, FunnelTask
 from celery_funnel._config.options import limits_of
-from celery_funnel._gate.fair import fair_of
 from celery_funnel._limiter.fair import RANKS, Fair, check_fair, rank, weight_of
 from celery_funnel._limiter.keys import fair_keys, parse_key
 from celery_funnel._limiter.limit import parse_limit
+from celery_funnel._shared.fair import fair_of
 
 
 def test_a_tenant_and_its_weight_come_from_the_arguments() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from celery_funnel._config.outage import BACKOFF_FIRST_SECONDS
-from celery_funnel._gate.state import HEADER, State, admitted_by_gate
+from celery_funnel._shared.state import HEADER, State, admitted_by_gate
 from tests.unit.gate_fakes import Fakes
 
 PER_SECOND = {"fakes.*": "1/s"}  # GCRA, capacity 1: one run, the next a second later

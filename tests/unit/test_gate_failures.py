@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from celery.worker import state as worker_state
 
-from celery_funnel._gate.charges import OwnCharges
 from celery_funnel._limiter.errors import BackendError, TooManyDeferralsError
+from celery_funnel._shared.charges import OwnCharges
 from tests.unit.gate_fakes import Fakes
 
 PER_SECOND = {"fakes.*": "1/s"}

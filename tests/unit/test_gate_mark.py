@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 
-from celery_funnel._gate.state import FRESH, HEADER, State, admitted_by_gate, gate_mark
+from celery_funnel._shared.state import FRESH, HEADER, State, admitted_by_gate, gate_mark
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork only")

@@ -14,8 +14,8 @@ import pytest
 from celery_funnel import signals
 from celery_funnel._config.waiting import WaitPolicy, Way
 from celery_funnel._gate.arrival import Arrival
-from celery_funnel._gate.judge import Ruling
 from celery_funnel._gate.waits import ACTS, Act, Plan, Waits
+from celery_funnel._shared.judge import Ruling
 from tests.unit.gate_fakes import Fakes
 
 # 1. the way

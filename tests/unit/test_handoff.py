@@ -17,8 +17,8 @@ import pytest
 from celery_funnel._celery.handoff import HandOffs
 from celery_funnel._gate.held import Held
 from celery_funnel._gate.nudge import Nudge
-from celery_funnel._gate.state import State
 from celery_funnel._limiter.keys import handed_channel
+from celery_funnel._shared.state import State
 from tests.polling import wait_for
 from tests.unit.gate_fakes import Fakes, Timer
 

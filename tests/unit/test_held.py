@@ -6,7 +6,7 @@ the earlier, whose message then stayed un-acked, never decided again."""
 from __future__ import annotations
 
 from celery_funnel._gate.held import Held
-from celery_funnel._gate.state import State
+from celery_funnel._shared.state import State
 from tests.unit.gate_fakes import Fakes
 
 

@@ -15,16 +15,16 @@ import pytest
 
 from celery_funnel import signals
 from celery_funnel._gate.arrival import Arrival, TaskOptions, subject_of
-from celery_funnel._gate.charges import Charge
 from celery_funnel._gate.inflight import InFlightDecisions
-from celery_funnel._gate.judge import RUN, Ruling, Subject, judge
-from celery_funnel._gate.live import live_for
-from celery_funnel._gate.state import State
 from celery_funnel._gate.window import Window
 from celery_funnel._limiter.limit import Limit
 from celery_funnel._limiter.memstore import MemoryStore
 from celery_funnel._limiter.rate import Rate
 from celery_funnel._limiter.strategies import gcra, reservation
+from celery_funnel._shared.charges import Charge
+from celery_funnel._shared.judge import RUN, Ruling, Subject, judge
+from celery_funnel._shared.live import live_for
+from celery_funnel._shared.state import State
 from tests.unit.gate_fakes import T0, Fakes
 
 ADMITTED = [0, 0, 5_000, 0]  # reserve.lua's reply: admitted, no delay

@@ -21,16 +21,17 @@ LAYERS = {
     "testing": 1,
     "prometheus": 1,
     "_config": 2,
-    "_gate": 3,
-    "_celery": 4,
-    "_ops": 5,
-    "control": 6,
-    "dashboard": 7,
-    "_install": 7,
-    "demo": 8,
-    "_cli": 9,
-    "": 9,  # the package's __init__
-    "__main__": 10,
+    "_shared": 3,
+    "_gate": 4,
+    "_celery": 5,
+    "_ops": 6,
+    "control": 7,
+    "dashboard": 8,
+    "_install": 8,
+    "demo": 9,
+    "_cli": 10,
+    "": 10,  # the package's __init__
+    "__main__": 11,
 }
 
 

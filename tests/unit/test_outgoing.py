@@ -17,8 +17,8 @@ from celery._state import _task_stack
 from celery.exceptions import Retry
 
 from celery_funnel import FunnelTask, install
-from celery_funnel._gate.publish import gate_publishing
-from celery_funnel._gate.state import HEADER, SEND
+from celery_funnel._shared.publish import gate_publishing
+from celery_funnel._shared.state import HEADER, SEND
 
 # what a gate wrote into a run's request (a released copy: a release token)
 GATE_HEADER = {"deferrals": 2, "booked": True, "release": "t1", "promised": {"k": 1}}

@@ -9,15 +9,15 @@ import pytest
 from celery import Celery
 
 from celery_funnel import ConfigurationError, FunnelTask, Rate, control, install
-from celery_funnel._gate.charges import Charge
-from celery_funnel._gate.overrides import (
+from celery_funnel._limiter.limit import Limit
+from celery_funnel._shared.charges import Charge
+from celery_funnel._shared.overrides import (
     Override,
     OverrideTable,
     changes,
     concurrency_for,
     parse_ttl,
 )
-from celery_funnel._limiter.limit import Limit
 from celery_funnel.dashboard._security import Guard, check_binding, is_loopback
 
 

@@ -12,8 +12,8 @@ from celery import Celery
 from celery_funnel import ConfigurationError, install
 from celery_funnel._celery.checks import check_app
 from celery_funnel._config.settings import FunnelSettings
-from celery_funnel._gate.charges import matching
 from celery_funnel._limiter.concurrency import Concurrency
+from celery_funnel._shared.charges import matching
 
 
 @pytest.mark.parametrize(

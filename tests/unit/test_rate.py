@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from celery_funnel import BackendError, ConfigurationError, FunnelError, Rate, TooManyWaitingError
 from celery_funnel._config.options import limits_of
 from celery_funnel._config.settings import FunnelSettings
-from celery_funnel._gate.overrides import Override
+from celery_funnel._shared.overrides import Override
 
 
 @pytest.mark.parametrize(
