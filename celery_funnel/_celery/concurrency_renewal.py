@@ -2,7 +2,7 @@
 gate took, renewed by one thread in one call per interval, and freed when their runs
 end (the gate is handed ``leases_for`` by ``_celery.services``).
 
-Where a run's end is seen is ``_celery.renewal_signals``'. Each tick of the renewer
+Where a run's end is seen is ``_celery.concurrency_signals``'. Each tick of the renewer
 also frees the leases of requests the worker no longer knows (an ending no signal
 reported), and a warm shutdown frees whatever is still held. A lease
 given back twice is given back once (task id and token). A give-back that fails (the
@@ -27,7 +27,7 @@ from .._config.runtime import runtime_for
 from .._limiter.errors import BackendError
 from .._limiter.keys import hash_tag
 from .._shared.state import HEADER
-from .._stores.leases import Handed, Lease, LeaseStore, SlotFunnel, header_of
+from .._stores.concurrency import Handed, Lease, LeaseStore, SlotFunnel, header_of
 from .._stores.park import Release
 from .release import publish
 

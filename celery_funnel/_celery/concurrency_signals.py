@@ -1,5 +1,5 @@
 """The signal receivers that free a run's seats when it ends (the renewal service's,
-``_celery.renewal``), connected by ``_celery.services`` where seats are taken.
+``_celery.concurrency_renewal``), connected by ``_celery.services`` where seats are taken.
 
 Where a run's end is seen: ``task_postrun`` in the process that ran the body (a pool
 child under prefork: it reads the lease from the run's header), for success, failure,
@@ -16,8 +16,8 @@ from celery import signals
 
 from .._config.runtime import runtime_for
 from .._shared.state import HEADER
-from .._stores.leases import Lease
-from .renewal import ATTRIBUTE, Leases, leases_for
+from .._stores.concurrency import Lease
+from .concurrency_renewal import ATTRIBUTE, Leases, leases_for
 
 __all__ = ["connect"]
 

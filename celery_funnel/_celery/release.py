@@ -1,6 +1,6 @@
 """The release publisher: publish a parked task's entry as it was captured, with its
 copy's token (a due entry the releaser claimed, ``_celery.releaser``; a waiter handed
-a seat, ``_celery.renewal``), through the gate's producers (``_shared.publish``)."""
+a seat, ``_celery.concurrency_renewal``), through the gate's producers (``_shared.publish``)."""
 
 from __future__ import annotations
 

@@ -5,10 +5,11 @@ Celery's bootsteps give them (each later one ``requires`` the earlier):
    (``gate``): the ``WorkerGate`` (``_gate.gate``: the decision on one message), handed
    what it calls outside ``_gate``: whether a task's own options apply and its own
    charges (``_celery.task``), the unique tasks' front (``_celery.unique.Front``), and
-   this worker's lease renewal (``_celery.renewal``, a thread started at the first seat
-   taken); with it, where seats are taken, the signal receivers that free them when a
-   run ends (``_celery.renewal_signals``), and the hand-off listener that wakes held
-   waiters handed a seat (``_celery.handoff``, a thread started at the first one).
+   this worker's lease renewal (``_celery.concurrency_renewal``, a thread started at
+   the first seat taken); with it, where seats are taken, the signal receivers that
+   free them when a run ends (``_celery.concurrency_signals``), and the hand-off
+   listener that wakes held waiters handed a seat (``_celery.concurrency_handoff``, a
+   thread started at the first one).
 2. ``ReleaserStep`` (``_celery.releaser``; requires ``FunnelGate``) runs the releaser
    (``releaser``): handed the fair-share dispatcher (``_celery.dispatch``) where a task
    has a fair funnel, and the release publisher (``_celery.release``).
@@ -25,11 +26,11 @@ from .._config.options import option_of
 from .._config.runtime import Runtime, runtime_for
 from .._gate.gate import WorkerGate
 from .._stores.fair import FairStore
-from . import renewal_signals
+from . import concurrency_signals
+from .concurrency_handoff import HandOffs
+from .concurrency_renewal import leases_for
 from .dispatch import Dispatcher
-from .handoff import HandOffs
 from .releaser import Releaser, has_fair_funnel, park_store
-from .renewal import leases_for
 from .task import FunnelTask, own_charges
 from .unique import Front
 
@@ -57,7 +58,7 @@ def gate(runtime: Runtime, consumer: Any) -> WorkerGate:
     if gate.slot_funnels.on:
         # the receivers that free seats: only where seats are taken, so that other
         # apps' tasks do not pay a task_postrun signal each
-        renewal_signals.connect()
+        concurrency_signals.connect()
         # held waiters (nothing parked) are woken when handed a seat
         gate.slot_funnels.hand_offs = HandOffs(
             lambda: runtime.funnel.client, runtime.settings.key_prefix, gate.node,

@@ -34,8 +34,8 @@ from .._config.runtime import Runtime, runtime_for
 from .._limiter.keys import hash_tag
 from .._shared.follow import FOLLOWS, ended, follows_of, in_canvas, unique_funnel
 from .._shared.publish import gate_publishes
+from .concurrency_renewal import alive
 from .loop import Loop, log_failure
-from .renewal import alive
 
 __all__ = ["Front", "Keeper", "claim", "connect", "free"]
 

@@ -37,9 +37,9 @@ from .._ops.view import (
 )
 from .._stores.check import acl_line, check
 from .._stores.park import ParkStore
+from .concurrency import lease_rows, release_lease, show_holders
 from .control import dashboard, override_lines, pause, resume, set_command, unset
 from .errors import OneLineErrors
-from .leases import lease_rows, release_lease, show_holders
 from .parked import parked, parked_summary, purge, release
 from .why import why_command
 

@@ -9,14 +9,14 @@ from typing import Any
 import click
 from celery.bin.base import CeleryCommand
 
-from .._celery.renewal import Leases
+from .._celery.concurrency_renewal import Leases
 from .._celery.task import FunnelTask
 from .._config.options import concurrency_of
 from .._config.runtime import Runtime, runtime_for
 from .._limiter.keys import FunnelKey
 from .._limiter.words import plural
 from .._ops.view import Failure, Found, at, lease_funnels, resolve
-from .._stores.leases import LeaseStore, SlotFunnel
+from .._stores.concurrency import LeaseStore, SlotFunnel
 
 __all__ = ["lease_funnels", "lease_rows", "release_lease", "show_holders"]
 

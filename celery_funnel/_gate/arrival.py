@@ -14,7 +14,7 @@ from .._shared.charges_decide import FairAdmit
 from .._shared.delivery import Delivery, until_expiry
 from .._shared.judge import Subject
 from .._shared.state import State
-from .._stores.leases import SlotFunnel
+from .._stores.concurrency import SlotFunnel
 
 __all__ = ["Arrival", "TaskOptions", "subject_of"]
 

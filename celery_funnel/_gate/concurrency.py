@@ -29,7 +29,7 @@ from .._shared.judge import Ruling, on_outage
 from .._shared.live import live_for
 from .._shared.overrides import concurrency_for
 from .._shared.state import HEADER
-from .._stores.leases import Handed, HeldWaiter, Lease, LeaseStore, SlotFunnel, slot_funnels_of
+from .._stores.concurrency import Handed, HeldWaiter, Lease, LeaseStore, SlotFunnel, slot_funnels_of
 from .arrival import Arrival
 from .parking import Parking
 from .waits import Waits
@@ -39,7 +39,7 @@ __all__ = ["HandOffs", "Renewal", "RenewalOf", "Seats", "SlotFunnels"]
 
 class Renewal(Protocol):
     """This worker's leases, renewed while their runs run: the renewal service
-    (``_celery.renewal.Leases``), handed to the gate by ``_celery.services``."""
+    (``_celery.concurrency_renewal.Leases``), handed to the gate by ``_celery.services``."""
 
     store: LeaseStore
 
@@ -56,7 +56,7 @@ RenewalOf = Callable[[Any, str], Renewal]
 
 
 class HandOffs(Protocol):
-    """This worker's hand-off listener (``_celery.handoff``): told on ``channel`` that
+    """This worker's hand-off listener (``_celery.concurrency_handoff``): told on ``channel`` that
     a held waiter was handed a seat, it wakes it; started at the first held waiter."""
 
     channel: str

@@ -40,7 +40,7 @@ from .._shared.judge import RUN, Ruling, judge, waiting
 from .._shared.live import live_for
 from .._shared.publish import republish
 from .._shared.state import HEADER, State, gate_mark
-from .._stores.leases import Lease
+from .._stores.concurrency import Lease
 from .allowance import Allowances
 from .arrival import Arrival, TaskOptions, subject_of
 from .concurrency import RenewalOf, Seats, SlotFunnels

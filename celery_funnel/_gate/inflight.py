@@ -28,7 +28,7 @@ from .._shared.charges import Charge
 from .._shared.judge import RUN, Ruling, Subject, judge
 from .._shared.live import Live
 from .._shared.state import State
-from .._stores.leases import Lease
+from .._stores.concurrency import Lease
 from .allowance import Allowances, Keep
 from .arrival import Arrival
 from .inflight_connection import InFlight

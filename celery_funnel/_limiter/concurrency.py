@@ -4,7 +4,7 @@ Two ways to ask for one: the task option ``funnel_concurrency=N`` (per key with
 ``funnel_key``: ``n`` at once per key), and ``"concurrency": N`` in an entry of the
 ``funnel_limits`` setting (alone, or beside a ``rate`` in the same entry), with
 ``"scope": "global"`` (one count for the cluster) or ``"worker"`` (one per worker).
-This module reads and checks them; ``_stores.leases`` keeps the slots,
+This module reads and checks them; ``_stores.concurrency`` keeps the slots,
 ``_gate.concurrency`` takes them.
 """
 

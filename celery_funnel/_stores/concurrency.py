@@ -1,4 +1,4 @@
-"""Concurrency slots as leases in the funnels' Redis (``lua/lease_*.lua``).
+"""Concurrency slots as leases in the funnels' Redis (``lua/concurrency_*.lua``).
 
 A slot is a lease: the task id in a sorted set beside its funnel's key (``#leases``,
 score = when the lease ends), with who holds it (``#lease-info``: token, worker, start).
@@ -150,10 +150,15 @@ class LeaseStore(RedisStore):
         self.ttl, self.ttl_us = ttl, round(ttl * US)
         self.parked = parked_keys(prefix)
         self._acquire, self._enqueue, self._release, self._renew = (
-            self._register("_lease", name)
-            for name in ("lease_acquire", "lease_enqueue", "lease_release", "lease_renew")
+            self._register("_concurrency", name)
+            for name in (
+                "concurrency_take",
+                "concurrency_queue",
+                "concurrency_free",
+                "concurrency_renew",
+            )
         )
-        self._wake = self._register("_parked", "lease_wake")
+        self._wake = self._register("_parked", "concurrency_wake")
 
     def acquire(
         self, slot_funnels: Sequence[SlotFunnel], task_id: str, worker: str, token: str = "",

@@ -19,7 +19,7 @@ from .._ops import control
 from .._ops.configured import configured
 from .._ops.view import Failure, Found, describe, find, lease_funnels, limit_of
 from .._shared.live import SERIES_KEEP_SECONDS, series_key
-from .._stores.leases import LeaseStore
+from .._stores.concurrency import LeaseStore
 from .._stores.park import ParkStore
 
 __all__ = ["ConcurrencyHook", "funnel_state", "series"]

@@ -1,4 +1,5 @@
--- _lease.lua: prepended to every lease script (lease_*.lua) by _stores/leases.py.
+-- _concurrency.lua: prepended to every concurrency script (concurrency_*.lua) by
+-- _stores/concurrency.py.
 -- A concurrency funnel is three keys under one hash tag, always given in this order:
 --   holders  sorted set  task id -> end of its lease (integer µs since the epoch)
 --   info     hash        task id -> "<token>|<worker>|<started µs>" for a running task,

@@ -1,7 +1,7 @@
--- lease_release.lua: a run ended (or an operator frees its slot): give its slots back
+-- concurrency_free.lua: a run ended (or an operator frees its slot): give its slots back
 -- and hand them to the first waiters. Idempotent: only the token's own entry goes.
 --
--- KEYS       three per funnel (holders, info, waiters; see _lease.lua)
+-- KEYS       three per funnel (holders, info, waiters; see _concurrency.lua)
 -- ARGV[1]    task id
 -- ARGV[2]    the run's token; "" gives up a slot handed to a waiter and its place in
 --            the queue (it will not come); "*" frees the task's slot whatever its token

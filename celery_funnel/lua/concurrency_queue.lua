@@ -1,7 +1,7 @@
--- lease_enqueue.lua: a task refused a slot was parked: queue it behind the others of
+-- concurrency_queue.lua: a task refused a slot was parked: queue it behind the others of
 -- its priority (ahead of the less urgent ones).
 --
--- KEYS       three per funnel (holders, info, waiters; see _lease.lua)
+-- KEYS       three per funnel (holders, info, waiters; see _concurrency.lua)
 -- ARGV[1]    task id
 -- ARGV[2]    lease ttl, µs (a slot handed to a waiter is kept that long for it)
 -- ARGV[3]    its priority rank, 0 (most urgent) .. 255 (the broker's order)

@@ -1,8 +1,8 @@
--- lease_renew.lua: one worker renews every lease it holds, in one call, and sweeps the
+-- concurrency_renew.lua: one worker renews every lease it holds, in one call, and sweeps the
 -- funnels it knows for leases that ran out (their worker died): their slots go to the
 -- first waiters (the most urgent, then the oldest).
 --
--- KEYS       three per funnel (holders, info, waiters; see _lease.lua)
+-- KEYS       three per funnel (holders, info, waiters; see _concurrency.lua)
 -- ARGV[1]    lease ttl, µs
 -- ARGV[2..]  per funnel: n, then m (leases of this worker in it), then m pairs
 --            (task id, token)

@@ -1,12 +1,12 @@
--- lease_acquire.lua: take a slot in every concurrency funnel of a task, all or none;
+-- concurrency_take.lua: take a slot in every concurrency funnel of a task, all or none;
 -- refused, a task held in its worker (a channel given) is queued as a held waiter.
 --
--- KEYS       three per funnel (holders, info, waiters; see _lease.lua)
+-- KEYS       three per funnel (holders, info, waiters; see _concurrency.lua)
 -- ARGV[1]    task id
 -- ARGV[2]    "<token>|<worker>" of this run (the token releases it)
 -- ARGV[3]    lease ttl, µs
 -- ARGV[4]    the pub/sub channel of the worker holding it ("": not held there, nothing
---            queued: a parked waiter is queued by lease_enqueue.lua)
+--            queued: a parked waiter is queued by concurrency_queue.lua)
 -- ARGV[5]    how long its held waiter's mark lasts, µs (renewed at each of its looks)
 -- ARGV[6]    its priority rank, 0 (most urgent) .. 255 (the broker's order)
 -- ARGV[7..]  per funnel: its concurrency n

@@ -1,4 +1,4 @@
--- lease_wake.lua: parked tasks handed a concurrency slot: claim them for release now
+-- concurrency_wake.lua: parked tasks handed a concurrency slot: claim them for release now
 -- (the caller publishes them at once; the entry goes when a worker accepts the copy).
 --
 -- KEYS       the eight of _parked.lua

@@ -15,7 +15,7 @@ import redis
 
 from celery_funnel import RedisFunnel, control
 from celery_funnel._limiter.keys import limit_key
-from celery_funnel._stores.leases import LeaseStore, SlotFunnel
+from celery_funnel._stores.concurrency import LeaseStore, SlotFunnel
 from celery_funnel._stores.park import ParkStore
 from celery_funnel.dashboard._state import funnel_state
 from tests.integration.proj import make_app

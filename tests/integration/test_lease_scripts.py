@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from celery_funnel._limiter.keys import lease_keys, task_key
-from celery_funnel._stores.leases import HeldWaiter, LeaseStore, SlotFunnel
+from celery_funnel._stores.concurrency import HeldWaiter, LeaseStore, SlotFunnel
 from celery_funnel._stores.park import ParkStore
 from celery_funnel._stores.store import text
 from tests.polling import wait_for

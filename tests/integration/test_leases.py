@@ -25,7 +25,7 @@ import redis
 from celery import Celery
 
 from celery_funnel._limiter.keys import task_key
-from celery_funnel._stores.leases import Holder, LeaseStore, SlotFunnel
+from celery_funnel._stores.concurrency import Holder, LeaseStore, SlotFunnel
 from celery_funnel.dashboard._state import funnel_state
 from celery_funnel.testing import CeleryWorkers, RedisServer, peak
 from tests.integration.lease_proj import ENDS, STARTS, make_app

@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from celery_funnel._limiter.keys import task_key
-from celery_funnel._stores.leases import LeaseStore, SlotFunnel
+from celery_funnel._stores.concurrency import LeaseStore, SlotFunnel
 from celery_funnel._stores.park import ParkStore
 from celery_funnel.testing import CeleryWorkers, RedisServer
 from tests.integration.fair_proj import fair_runs, make_fair_app

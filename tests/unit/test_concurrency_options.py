@@ -17,7 +17,7 @@ from celery_funnel._limiter.concurrency import Concurrency
 from celery_funnel._limiter.keys import lease_keys, parse_key, task_key
 from celery_funnel._limiter.limit import key_part
 from celery_funnel._limiter.rate import Rate
-from celery_funnel._stores.leases import Lease, SlotFunnel
+from celery_funnel._stores.concurrency import Lease, SlotFunnel
 
 
 def settings(limits: Any, **conf: Any) -> FunnelSettings:

@@ -1,7 +1,7 @@
 """Held waiters woken when handed a seat, without a server: the hand-off listener
-(``_celery.handoff``) reading its worker's channel, the nudge (``_gate.nudge``) that runs
-a call on the consumer's event loop at once from that thread, and ``Held.wake_tasks``
-deciding again only the held requests named."""
+(``_celery.concurrency_handoff``) reading its worker's channel, the nudge
+(``_gate.nudge``) that runs a call on the consumer's event loop at once from that
+thread, and ``Held.wake_tasks`` deciding again only the held requests named."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from celery_funnel._celery.handoff import HandOffs
+from celery_funnel._celery.concurrency_handoff import HandOffs
 from celery_funnel._gate.held import Held
 from celery_funnel._gate.nudge import Nudge
 from celery_funnel._limiter.keys import handed_channel
