@@ -1,4 +1,4 @@
-"""The hand-off listener (``HandOffs``): where nothing may be parked, a run refused a seat
+"""The hand-off listener (``HandOffListener``): where nothing may be parked, a run refused a seat
 is a held waiter, held in its worker and queued in the funnels' Redis. The script that
 frees a seat hands it to the first waiter and, for a held one, publishes its task id on
 its worker's channel (``handed_channel``); this thread, subscribed to that channel in
@@ -20,7 +20,7 @@ from .._limiter.keys import handed_channel
 from .._stores.store import text
 from .loop import Loop, log_failure
 
-__all__ = ["HandOffs"]
+__all__ = ["HandOffListener"]
 
 logger = logging.getLogger("celery_funnel")
 
@@ -28,7 +28,7 @@ LISTEN_SECONDS = 1.0  # one read of the channel waits this long at most (then: s
 ERROR_PAUSE_SECONDS = 1.0  # after the channel failed, subscribed again after this
 
 
-class HandOffs(Loop):
+class HandOffListener(Loop):
     """Listens on worker ``node``'s channel (under ``prefix``) of the funnels' Redis
     (``client()``, redis-py) and calls ``wake_tasks(task_ids)`` with the waiters handed a
     seat: a ``Loop`` whose pass reads the channel for up to ``LISTEN_SECONDS``,

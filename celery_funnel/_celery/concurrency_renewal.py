@@ -1,13 +1,13 @@
 """The renewal service: the leases of one app in one process, the ones this worker's
 gate took, renewed by one thread in one call per interval, and freed when their runs
-end (the gate is handed ``leases_for`` by ``_celery.services``).
+end (the gate is handed ``renewal_for`` by ``_celery.services``).
 
 Where a run's end is seen is ``_celery.concurrency_signals``'. Each tick of the renewer
 also frees the leases of requests the worker no longer knows (an ending no signal
 reported), and a warm shutdown frees whatever is still held. A lease
 given back twice is given back once (task id and token). A give-back that fails (the
 funnels' Redis down) is tried again every second by the same thread until it works,
-so a slot returns when Redis does, not a TTL later. Slots freed go to the oldest
+so a seat returns when Redis does, not a TTL later. Seats freed go to the oldest
 parked waiters, which the freeing process publishes at once (``hand_on``).
 """
 
@@ -27,31 +27,32 @@ from .._config.runtime import runtime_for
 from .._limiter.errors import BackendError
 from .._limiter.keys import hash_tag
 from .._shared.state import HEADER
-from .._stores.concurrency import Handed, Lease, LeaseStore, SlotFunnel, header_of
+from .._stores.concurrency import ConcurrencyFunnel, ConcurrencyStore, Handed, Lease, header_of
 from .._stores.park import Release
 from .release import publish
 
-__all__ = ["ATTRIBUTE", "Leases", "alive", "leases_for"]
+__all__ = ["ATTRIBUTE", "RenewalService", "alive", "renewal_for"]
 
 logger = logging.getLogger("celery_funnel")
 ATTRIBUTE = "_celery_funnel_leases"
 ERROR_PAUSE_SECONDS = 1.0
 
 
-class Leases:
-    """The concurrency slots of ``app`` in this process (``worker``: its node name)."""
+class RenewalService:
+    """The renewal service of ``app`` in this process (``worker``: its node name): the
+    leases of the seats this process's gate took, renewed until their runs end."""
 
     def __init__(self, app: Any, worker: str = "") -> None:
         runtime = runtime_for(app)
         settings = runtime.settings
         client = runtime.funnel.client
         self.app, self.worker, self.pid = app, worker, os.getpid()
-        self.store = LeaseStore(client, settings.key_prefix, settings.lease_ttl)
+        self.store = ConcurrencyStore(client, settings.key_prefix, settings.lease_ttl)
         self.park_lease = settings.park_lease
         self.interval, self.ttl = settings.lease_ttl / 3, settings.lease_ttl
         # task id -> the lease this process's gate took, and its request (weakly)
         self._held: dict[str, tuple[Lease, Callable[[], Any]]] = {}
-        self._funnels: dict[str, SlotFunnel] = {}  # swept at each renewal
+        self._funnels: dict[str, ConcurrencyFunnel] = {}  # swept at each renewal
         # (task id, token) -> a lease whose give-back failed, and until when (monotonic
         # s) one that may not exist yet (its taking timed out) is looked for
         self._owed: dict[tuple[str, str], tuple[Lease, float]] = {}
@@ -63,13 +64,13 @@ class Leases:
         """Renew ``lease`` until the run of ``request`` (a worker Request) ends."""
         with self._lock:
             self._held[lease.task_id] = (lease, weakref.ref(request))
-        self.know(lease.slot_funnels)
+        self.know(lease.funnels)
 
-    def know(self, slot_funnels: Iterable[SlotFunnel]) -> None:
+    def know(self, funnels: Iterable[ConcurrencyFunnel]) -> None:
         """Sweep these funnels for leases that ran out, at each renewal."""
         with self._lock:
-            for slot_funnel in slot_funnels:
-                self._funnels[slot_funnel.key] = slot_funnel
+            for funnel in funnels:
+                self._funnels[funnel.key] = funnel
             self._start()
 
     def _start(self) -> None:
@@ -80,7 +81,7 @@ class Leases:
             self._thread.start()
 
     def end(self, task_id: str, lease: Lease | None = None, *, force: bool = False) -> None:
-        """A run of ``task_id`` ended: give its slots back (``lease``: from its header;
+        """A run of ``task_id`` ended: give its seats back (``lease``: from its header;
         else the one this process took, if its request is done: a signal about another
         copy of the task, delivered again, leaves a running one alone; ``force``: in any
         case). Never raises."""
@@ -94,7 +95,7 @@ class Leases:
         if lease is None:
             return
         try:
-            self.hand_on(self.store.release(lease.slot_funnels, task_id, lease.token)[1])
+            self.hand_on(self.store.free(lease.funnels, task_id, lease.token)[1])
         except Exception as error:  # tried again each second (or it runs out after its TTL)
             logger.warning(
                 "celery-funnel: could not give back the slot of task %s (tried again): %r",
@@ -106,7 +107,7 @@ class Leases:
 
     def owe(self, lease: Lease) -> None:
         """Taking ``lease`` timed out: the call may have run (its reply lost, or sent
-        late over a network that hung) and hold slots no run will give back. Give it
+        late over a network that hung) and hold seats no run will give back. Give it
         back as soon as Redis answers, and for a TTL after, should the call come late
         (giving back a lease that does not exist does nothing)."""
         with self._lock:
@@ -124,7 +125,7 @@ class Leases:
         for key, (lease, look_until) in owed:
             task_id = lease.task_id
             try:
-                given, handed = self.store.release(lease.slot_funnels, task_id, lease.token)
+                given, handed = self.store.free(lease.funnels, task_id, lease.token)
                 self.hand_on(handed)
                 if not given and time.monotonic() < look_until:
                     continue  # not taken (yet): looked for again at the next tick
@@ -137,28 +138,28 @@ class Leases:
                 self._owed.pop(key, None)
 
     def hand_on(self, handed: list[Handed]) -> None:
-        """Publish the parked waiters ``handed`` a slot, each saying where (a waiter
+        """Publish the parked waiters ``handed`` a seat, each saying where (a waiter
         received by a worker that counts other funnels, ``"scope": "worker"``, gives
-        those slots up); a waiter no longer parked gives its slot to the next one.
+        those seats up); a waiter no longer parked gives its seat to the next one.
 
         Raises:
             BackendError: when Redis fails (a claimed waiter is published by a releaser
-                once its claim runs out; a slot handed on runs out after the TTL).
+                once its claim runs out; a seat handed on runs out after the TTL).
         """
         while handed:
-            where: dict[str, list[SlotFunnel]] = {}
-            for slot_funnel, task_id in handed:
-                where.setdefault(task_id, []).append(slot_funnel)
+            where: dict[str, list[ConcurrencyFunnel]] = {}
+            for funnel, task_id in handed:
+                where.setdefault(task_id, []).append(funnel)
             missing, releases = self.store.wake(list(where), self.park_lease)
             for release in releases:  # the entry goes when a worker accepts the copy
                 publish(self.app, _promised(release, where[release.task_id]))
             handed = []
             for task_id in missing:
-                handed += self.store.release(where[task_id], task_id, "")[1]
+                handed += self.store.free(where[task_id], task_id, "")[1]
 
     def tick(self) -> None:
         """Renew every lease held, give back those of runs the worker forgot, sweep
-        the known funnels, and publish the waiters handed a slot: one call (one per
+        the known funnels, and publish the waiters handed a seat: one call (one per
         hash tag on a Redis Cluster). The give-backs that failed go first."""
         self._pay_owed()
         with self._lock:
@@ -171,29 +172,29 @@ class Leases:
             tokens = {task_id: lease.token for task_id, (lease, _) in self._held.items()}
             pairs: dict[str, list[tuple[str, str]]] = {}
             for lease, _ in self._held.values():
-                for slot_funnel in lease.slot_funnels:
-                    pairs.setdefault(slot_funnel.key, []).append((lease.task_id, lease.token))
-        for group in self._slots(funnels):
-            renewal = self.store.renew(group, pairs)
+                for funnel in lease.funnels:
+                    pairs.setdefault(funnel.key, []).append((lease.task_id, lease.token))
+        for group in self._groups(funnels):
+            renewed = self.store.renew(group, pairs)
             with self._lock:
-                for _, task_id in renewal.gone:  # given back by the process that ran it
+                for _, task_id in renewed.gone:  # given back by the process that ran it
                     entry = self._held.get(task_id)
                     if entry is not None and entry[0].token == tokens.get(task_id):
                         del self._held[task_id]
-                used = {s.key for lease, _ in self._held.values() for s in lease.slot_funnels}
-                for key in renewal.empty:
+                used = {s.key for lease, _ in self._held.values() for s in lease.funnels}
+                for key in renewed.empty:
                     if key not in used:
                         self._funnels.pop(key, None)
-            self.hand_on(renewal.promoted)
+            self.hand_on(renewed.promoted)
 
-    def _slots(self, funnels: list[SlotFunnel]) -> list[list[SlotFunnel]]:
+    def _groups(self, funnels: list[ConcurrencyFunnel]) -> list[list[ConcurrencyFunnel]]:
         """The funnels in groups one script may touch: all at once on one Redis, one
         group per hash tag on a Redis Cluster."""
         if "Cluster" not in type(self.store.client).__name__:
             return [funnels] if funnels else []
-        groups: dict[str | None, list[SlotFunnel]] = {}
-        for slot_funnel in funnels:
-            groups.setdefault(hash_tag(slot_funnel.key), []).append(slot_funnel)
+        groups: dict[str | None, list[ConcurrencyFunnel]] = {}
+        for funnel in funnels:
+            groups.setdefault(hash_tag(funnel.key), []).append(funnel)
         return list(groups.values())
 
     def _run(self) -> None:
@@ -228,17 +229,17 @@ def alive(request: Callable[[], Any]) -> bool:
     return found in worker_state.reserved_requests or found in worker_state.active_requests
 
 
-def _promised(release: Release, slot_funnels: Sequence[SlotFunnel]) -> Release:
-    """``release`` with the funnels whose slot it was handed in its header."""
+def _promised(release: Release, funnels: Sequence[ConcurrencyFunnel]) -> Release:
+    """``release`` with the funnels whose seat it was handed in its header."""
     headers = dict(release.message["headers"])
-    headers[HEADER] = {**(headers.get(HEADER) or {}), "promised": header_of(slot_funnels)}
+    headers[HEADER] = {**(headers.get(HEADER) or {}), "promised": header_of(funnels)}
     return Release(release.task_id, release.token, {**release.message, "headers": headers})
 
 
-def leases_for(app: Any, worker: str = "") -> Leases:
-    """The app's ``Leases`` in this process (a pool child gets its own)."""
-    leases: Leases | None = app.__dict__.get(ATTRIBUTE)
-    if leases is None or leases.pid != os.getpid():
-        leases = Leases(app, worker)
-        setattr(app, ATTRIBUTE, leases)
-    return leases
+def renewal_for(app: Any, worker: str = "") -> RenewalService:
+    """The app's ``RenewalService`` in this process (a pool child gets its own)."""
+    renewal: RenewalService | None = app.__dict__.get(ATTRIBUTE)
+    if renewal is None or renewal.pid != os.getpid():
+        renewal = RenewalService(app, worker)
+        setattr(app, ATTRIBUTE, renewal)
+    return renewal

@@ -17,17 +17,17 @@ from celery import signals
 from .._config.runtime import runtime_for
 from .._shared.state import HEADER
 from .._stores.concurrency import Lease
-from .concurrency_renewal import ATTRIBUTE, Leases, leases_for
+from .concurrency_renewal import ATTRIBUTE, RenewalService, renewal_for
 
 __all__ = ["connect"]
 
 
-def _of(task: Any) -> Leases | None:
-    """The task's app's ``Leases``, when the app uses concurrency limits here."""
+def _renewal_of(task: Any) -> RenewalService | None:
+    """The task's app's ``RenewalService``, when the app uses concurrency limits here."""
     app = getattr(task, "app", None)
     if app is None or not runtime_for(app).installed or ATTRIBUTE not in app.__dict__:
         return None
-    return leases_for(app)
+    return renewal_for(app)
 
 
 def _lease_in(task: Any, task_id: str) -> Lease | None:
@@ -39,20 +39,20 @@ def _lease_in(task: Any, task_id: str) -> Lease | None:
 def _on_postrun(sender: Any = None, task_id: str = "", **_: Any) -> None:
     lease = _lease_in(sender, task_id)
     if lease is not None and runtime_for(sender.app).installed:
-        leases_for(sender.app).end(task_id, lease)
+        renewal_for(sender.app).end(task_id, lease)
 
 
 def _on_failure(sender: Any = None, task_id: str = "", **_: Any) -> None:
-    leases = _of(sender)
-    if leases is not None:
-        leases.end(task_id)
+    renewal = _renewal_of(sender)
+    if renewal is not None:
+        renewal.end(task_id)
 
 
 def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
-    leases = _of(sender)
+    renewal = _renewal_of(sender)
     task_id = getattr(request, "id", None)
-    if leases is not None and task_id:
-        leases.end(task_id)
+    if renewal is not None and task_id:
+        renewal.end(task_id)
 
 
 def connect() -> None:

@@ -27,8 +27,8 @@ from .._config.runtime import Runtime, runtime_for
 from .._gate.gate import WorkerGate
 from .._stores.fair import FairStore
 from . import concurrency_signals
-from .concurrency_handoff import HandOffs
-from .concurrency_renewal import leases_for
+from .concurrency_handoff import HandOffListener
+from .concurrency_renewal import renewal_for
 from .dispatch import Dispatcher
 from .releaser import Releaser, has_fair_funnel, park_store
 from .task import FunnelTask, own_charges
@@ -53,14 +53,14 @@ def gate(runtime: Runtime, consumer: Any) -> WorkerGate:
     """The worker gate of ``consumer``, with the services it is handed (see above)."""
     gate = WorkerGate(
         runtime, consumer, consumer.on_task_request, _is_funnel_task,
-        own_charges=own_charges, renewal=leases_for,
+        own_charges=own_charges, renewal=renewal_for,
     )  # fmt: skip
-    if gate.slot_funnels.on:
+    if gate.concurrency.on:
         # the receivers that free seats: only where seats are taken, so that other
         # apps' tasks do not pay a task_postrun signal each
         concurrency_signals.connect()
         # held waiters (nothing parked) are woken when handed a seat
-        gate.slot_funnels.hand_offs = HandOffs(
+        gate.concurrency.hand_offs = HandOffListener(
             lambda: runtime.funnel.client, runtime.settings.key_prefix, gate.node,
             gate.held.wake_tasks,
         )  # fmt: skip

@@ -37,7 +37,7 @@ from .._ops.view import (
 )
 from .._stores.check import acl_line, check
 from .._stores.park import ParkStore
-from .concurrency import lease_rows, release_lease, show_holders
+from .concurrency import concurrency_rows, free_seat, show_holders
 from .control import dashboard, override_lines, pause, resume, set_command, unset
 from .errors import OneLineErrors
 from .parked import parked, parked_summary, purge, release
@@ -135,7 +135,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
         row = _funnel_row(runtime, backend, key, entries.get(name or ""), adapted)
         row["parked"] = parked_of(row["name"], counts)
         rows.append(row)
-    for row in lease_rows(runtime, backend.client, found):
+    for row in concurrency_rows(runtime, backend.client, found):
         name = owner(ctx.obj.app, FunnelKey(row["key"], row["name"]), known)
         rows.append(_lease_row(row, entries.get(name or "")))
     rows += idle_rows(runtime, found, entries, parked=counts)
@@ -225,7 +225,7 @@ def inspect(ctx: click.Context, name: str, as_json: bool) -> None:
                 for t, slot in backend.tickets(key.key, SHOWN)
             ]
             rows.append(row)
-        for row in lease_rows(runtime, backend.client, found):  # concurrency funnels
+        for row in concurrency_rows(runtime, backend.client, found):  # concurrency funnels
             name_of = owner(ctx.obj.app, FunnelKey(row["key"], row["name"]), known)
             rows.append({**_lease_row(row, entries.get(name_of or "")), "tickets": []})
     except Failure as exc:
@@ -322,7 +322,7 @@ def check_command(ctx: click.Context) -> None:
 
 
 for _command in (
-    parked, release, purge, release_lease, set_command, pause, resume, unset, dashboard,
+    parked, release, purge, free_seat, set_command, pause, resume, unset, dashboard,
     why_command,
 ):  # fmt: skip
     funnel.add_command(_command)

@@ -1,6 +1,6 @@
 """``celery funnel status`` rows of the concurrency limits (N, in use, the holders, the
 parked waiters), and ``celery funnel release-lease NAME TASK_ID``: an operator frees a
-slot whose run is known to be gone, without waiting for its lease to run out."""
+seat whose run is known to be gone, without waiting for its lease to run out."""
 
 from __future__ import annotations
 
@@ -9,19 +9,19 @@ from typing import Any
 import click
 from celery.bin.base import CeleryCommand
 
-from .._celery.concurrency_renewal import Leases
+from .._celery.concurrency_renewal import RenewalService
 from .._celery.task import FunnelTask
 from .._config.options import concurrency_of
 from .._config.runtime import Runtime, runtime_for
 from .._limiter.keys import FunnelKey
 from .._limiter.words import plural
-from .._ops.view import Failure, Found, at, lease_funnels, resolve
-from .._stores.concurrency import LeaseStore, SlotFunnel
+from .._ops.view import Failure, Found, at, concurrency_funnels, resolve
+from .._stores.concurrency import ConcurrencyFunnel, ConcurrencyStore
 
-__all__ = ["lease_funnels", "lease_rows", "release_lease", "show_holders"]
+__all__ = ["concurrency_funnels", "concurrency_rows", "free_seat", "show_holders"]
 
 
-def _concurrency(runtime: Runtime, key: FunnelKey) -> int | None:
+def _seats_of(runtime: Runtime, key: FunnelKey) -> int | None:
     """The app's concurrency limit of funnel ``key``, if it has one."""
     for task in list(runtime.app.tasks.values()):
         n = concurrency_of(task) if isinstance(task, FunnelTask) else None
@@ -33,17 +33,17 @@ def _concurrency(runtime: Runtime, key: FunnelKey) -> int | None:
     return None
 
 
-def lease_rows(runtime: Runtime, client: Any, found: Found) -> list[dict[str, Any]]:
+def concurrency_rows(runtime: Runtime, client: Any, found: Found) -> list[dict[str, Any]]:
     """One status row per concurrency funnel found: N, in use, waiting, holders."""
-    store = LeaseStore(client, runtime.settings.key_prefix, runtime.settings.lease_ttl)
+    store = ConcurrencyStore(client, runtime.settings.key_prefix, runtime.settings.lease_ttl)
     rows = []
-    for key in lease_funnels(found):
+    for key in concurrency_funnels(found):
         row: dict[str, Any] = {"key": key.key, "name": key.name, "kind": "concurrency"}
         try:
             seconds, micros = client.time()
             now = int(seconds) + int(micros) / 1e6
             holders = store.holders(key.key)
-            n = _concurrency(runtime, key)
+            n = _seats_of(runtime, key)
             row.update(capacity=n if n is not None else "?", in_use=len(holders))
             row["remaining"] = max(n - len(holders), 0) if n is not None else "?"
             row["parked"] = store.waiting(key.key)
@@ -64,7 +64,7 @@ def lease_rows(runtime: Runtime, client: Any, found: Found) -> list[dict[str, An
 
 
 def _handed_to(held_by: str) -> str:
-    """Who a slot handed to a waiter not yet arrived waits for."""
+    """Who a seat handed to a waiter not yet arrived waits for."""
     return f"(handed to a waiter held by {held_by})" if held_by else "(handed to a parked waiter)"
 
 
@@ -81,27 +81,27 @@ def show_holders(ctx: click.Context, row: dict[str, Any]) -> None:
 @click.argument("task_id")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_context
-def release_lease(ctx: click.Context, name: str, task_id: str, yes: bool) -> None:
-    """Free the concurrency slot TASK_ID holds in funnel NAME (a task name,
+def free_seat(ctx: click.Context, name: str, task_id: str, yes: bool) -> None:
+    """Free the concurrency seat TASK_ID holds in funnel NAME (a task name,
     limit:<pattern>, or a full key), as if its run had ended: for a run known to be
-    gone, without waiting for its lease to run out. The slot goes to the oldest
+    gone, without waiting for its lease to run out. The seat goes to the oldest
     parked waiter, published at once."""
     runtime = runtime_for(ctx.obj.app)
     try:
-        leases = Leases(ctx.obj.app)
-        found = resolve(runtime, leases.store.client, name)
-        slot_funnels = []
-        for key in lease_funnels(found):
-            if any(h.task_id == task_id for h in leases.store.holders(key.key)):
-                slot_funnels.append(SlotFunnel(_concurrency(runtime, key) or 1, key.key, key.name))
-        if not slot_funnels:
+        renewal = RenewalService(ctx.obj.app)
+        found = resolve(runtime, renewal.store.client, name)
+        funnels = []
+        for key in concurrency_funnels(found):
+            if any(h.task_id == task_id for h in renewal.store.holders(key.key)):
+                funnels.append(ConcurrencyFunnel(_seats_of(runtime, key) or 1, key.key, key.name))
+        if not funnels:
             raise click.ClickException(f"task {task_id} holds no slot of funnel {name!r}")
-        for slot_funnel in slot_funnels:
-            ctx.obj.echo(f"  {slot_funnel.key}: slot of task {task_id}")
+        for funnel in funnels:
+            ctx.obj.echo(f"  {funnel.key}: slot of task {task_id}")
         if not yes:
             click.confirm(f"free the slot of task {task_id}?", abort=True)
-        count, promoted = leases.store.release(slot_funnels, task_id, "*")
-        leases.hand_on(promoted)
+        count, promoted = renewal.store.free(funnels, task_id, "*")
+        renewal.hand_on(promoted)
     except Failure as exc:
         raise click.ClickException(str(exc)) from None
     freed, released = plural(count, "seat"), plural(len(promoted), "parked task")

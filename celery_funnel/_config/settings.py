@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._limiter.concurrency import Concurrency, split_entry
+from .._limiter.concurrency import ConcurrencyLimit, split_entry
 from .._limiter.errors import ConfigurationError
 from .._limiter.limit import Limit, parse_limit, unique_names
 from .._limiter.values import (
@@ -114,14 +114,14 @@ def _pattern(pattern: object) -> str:
     )
 
 
-def _limits(value: Any) -> tuple[tuple[Limit, ...], tuple[Concurrency, ...]]:
+def _limits(value: Any) -> tuple[tuple[Limit, ...], tuple[ConcurrencyLimit, ...]]:
     """The rate limits and the concurrency limits of ``funnel_limits``."""
     if not isinstance(value, Mapping):
         raise ConfigurationError(
             f"funnel_limits must be a dict of task-name pattern -> rate, got {value!r}"
         )
     limits: list[Limit] = []
-    concurrency: list[Concurrency] = []
+    concurrency: list[ConcurrencyLimit] = []
     for key, spec in value.items():
         pattern = _pattern(key)
         rest, slots = split_entry(pattern, spec)
@@ -182,7 +182,7 @@ class FunnelSettings:
     park: bool | str = "auto"
     park_after: float = 5.0  # seconds
     park_lease: float = 30.0  # seconds a releaser's claim lasts
-    concurrency: tuple[Concurrency, ...] = ()  # funnel_limits entries with "concurrency"
+    concurrency: tuple[ConcurrencyLimit, ...] = ()  # funnel_limits entries with "concurrency"
     lease_ttl: float = 30.0  # seconds a concurrency slot lasts unless renewed
     log_waits_over: float = 5.0  # a longer wait is logged at INFO (one line per deferral)
     log_summary_every: float = 60.0  # while tasks wait, a line per funnel this often (0: off)

@@ -14,20 +14,21 @@ from .._shared.charges_decide import FairAdmit
 from .._shared.delivery import Delivery, until_expiry
 from .._shared.judge import Subject
 from .._shared.state import State
-from .._stores.concurrency import SlotFunnel
+from .._stores.concurrency import ConcurrencyFunnel
 
 __all__ = ["Arrival", "TaskOptions", "subject_of"]
 
 
 class Arrival(NamedTuple):
     """``request`` (a Celery worker Request) on this pass: the funnels it is charged
-    (``charges``), the concurrency slots it needs (``slot_funnels``), the ``state`` its
-    header carried, the ``subject`` judged (name, id, outage policy, expiry) and its
-    ``delivery`` (how long this worker may keep it; whether its copy was accepted)."""
+    (``charges``), the seats it needs (``seats``: one per concurrency funnel), the
+    ``state`` its header carried, the ``subject`` judged (name, id, outage policy,
+    expiry) and its ``delivery`` (how long this worker may keep it; whether its copy was
+    accepted)."""
 
     request: Any
     charges: Sequence[Charge]
-    slot_funnels: Sequence[SlotFunnel]
+    seats: Sequence[ConcurrencyFunnel]
     state: State
     subject: Subject
     delivery: Delivery

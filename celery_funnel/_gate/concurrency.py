@@ -1,4 +1,4 @@
-"""The worker gate's side of concurrency limits: which seats a run needs (``SlotFunnels.of``),
+"""The worker gate's side of concurrency limits: which seats a run needs (``Concurrency.of``),
 taking them before the run reaches the pool (``Seats.take``), and making a refused run
 wait, queued in arrival order: parked as a waiter (published again by the run that frees
 a seat) where tasks may be parked, else a held waiter (held in the worker, its message
@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from .._config.options import concurrency_of, option_of
 from .._config.runtime import Runtime
 from .._config.waiting import HELD_MARK_SECONDS, Way
-from .._limiter.concurrency import Concurrency
+from .._limiter.concurrency import ConcurrencyLimit
 from .._limiter.errors import BackendError
 from .._limiter.limit import key_part
 from .._shared.charges import matching
@@ -29,23 +29,31 @@ from .._shared.judge import Ruling, on_outage
 from .._shared.live import live_for
 from .._shared.overrides import concurrency_for
 from .._shared.state import HEADER
-from .._stores.concurrency import Handed, HeldWaiter, Lease, LeaseStore, SlotFunnel, slot_funnels_of
+from .._stores.concurrency import (
+    ConcurrencyFunnel,
+    ConcurrencyStore,
+    Handed,
+    HeldWaiter,
+    Lease,
+    funnels_in_header,
+)
 from .arrival import Arrival
 from .parking import Parking
 from .waits import Waits
 
-__all__ = ["HandOffs", "Renewal", "RenewalOf", "Seats", "SlotFunnels"]
+__all__ = ["Concurrency", "HandOffs", "Renewal", "RenewalOf", "Seats"]
 
 
 class Renewal(Protocol):
     """This worker's leases, renewed while their runs run: the renewal service
-    (``_celery.concurrency_renewal.Leases``), handed to the gate by ``_celery.services``."""
+    (``_celery.concurrency_renewal.RenewalService``), handed to the gate by
+    ``_celery.services``."""
 
-    store: LeaseStore
+    store: ConcurrencyStore
 
     def hand_on(self, handed: list[Handed]) -> None: ...
     def owe(self, lease: Lease) -> None: ...
-    def know(self, slot_funnels: Iterable[SlotFunnel]) -> None: ...
+    def know(self, funnels: Iterable[ConcurrencyFunnel]) -> None: ...
     def track(self, lease: Lease, request: Any) -> None: ...
     def end(self, task_id: str, lease: Lease | None = None, *, force: bool = False) -> None: ...
     def stop(self) -> None: ...
@@ -56,8 +64,9 @@ RenewalOf = Callable[[Any, str], Renewal]
 
 
 class HandOffs(Protocol):
-    """This worker's hand-off listener (``_celery.concurrency_handoff``): told on ``channel`` that
-    a held waiter was handed a seat, it wakes it; started at the first held waiter."""
+    """This worker's hand-off listener (``_celery.concurrency_handoff``): told on
+    ``channel`` that a held waiter was handed a seat, it wakes it; started at the first
+    held waiter."""
 
     channel: str
 
@@ -65,7 +74,7 @@ class HandOffs(Protocol):
     def stop(self) -> None: ...
 
 
-class SlotFunnels:
+class Concurrency:
     """The seats of task requests for one app in one worker (``node``: its name;
     ``hostname``: the safe key part of it, for ``"scope": "worker"``)."""
 
@@ -73,29 +82,30 @@ class SlotFunnels:
         self, runtime: Runtime, app: Any, node: str, hostname: str, renewal: RenewalOf
     ) -> None:
         self.runtime, self.app, self.node, self.hostname = runtime, app, node, hostname
-        self.renewal = renewal
-        self._by_name: dict[str, tuple[Concurrency, ...]] = {}
-        self._leases: Renewal | None = None
+        self.renewal_of = renewal
+        self._by_name: dict[str, tuple[ConcurrencyLimit, ...]] = {}
+        self._renewal: Renewal | None = None
         self.hand_offs: HandOffs | None = None  # composed by ``_celery.services``
         self.on = bool(runtime.settings.concurrency) or any(
             option_of(task, "funnel_concurrency") is not None for task in list(app.tasks.values())
         )
 
     @property
-    def leases(self) -> Renewal:
-        """This worker's leases (made on first use: the funnels' Redis is needed)."""
-        if self._leases is None:
-            self._leases = self.renewal(self.app, self.node)
-        return self._leases
+    def renewal(self) -> Renewal:
+        """This worker's renewal service (made on first use: the funnels' Redis is
+        needed)."""
+        if self._renewal is None:
+            self._renewal = self.renewal_of(self.app, self.node)
+        return self._renewal
 
-    def _worker_wide(self, name: str) -> tuple[Concurrency, ...]:
+    def _worker_wide(self, name: str) -> tuple[ConcurrencyLimit, ...]:
         if name not in self._by_name:
             self._by_name[name] = matching(self.runtime.settings.concurrency, name)
         return self._by_name[name]
 
     def of(
         self, type_: str, name: str, args: Sequence[Any], kwargs: Mapping[str, Any]
-    ) -> list[SlotFunnel]:
+    ) -> list[ConcurrencyFunnel]:
         """The seats one run of task ``type_`` (sent as ``name``) needs.
 
         Raises:
@@ -104,28 +114,28 @@ class SlotFunnels:
         """
         if not self.on:
             return []
-        slot_funnels: list[SlotFunnel] = []
+        funnels: list[ConcurrencyFunnel] = []
         task = self.app.tasks.get(type_)
         n = concurrency_of(task) if task is not None else None
         table = live_for(self.app).overrides  # `celery funnel set NAME --concurrency N`
         if n is not None:
             part = key_part(option_of(task, "funnel_key"), task.run, args, kwargs)
             n = concurrency_for(table, type_, n) or n
-            slot_funnels.append(SlotFunnel(n, self.runtime.task_key(type_, part), type_))
+            funnels.append(ConcurrencyFunnel(n, self.runtime.task_key(type_, part), type_))
         for limit in self._worker_wide(name):
             worker = self.hostname if limit.scope == "worker" else ""
             key = self.runtime.limit_key(limit.pattern, worker)
             label = f"limit:{limit.pattern}"
-            slot_funnels.append(
-                SlotFunnel(concurrency_for(table, label, limit.n) or limit.n, key, label)
+            funnels.append(
+                ConcurrencyFunnel(concurrency_for(table, label, limit.n) or limit.n, key, label)
             )
-        return slot_funnels
+        return funnels
 
     def take(
-        self, request: Any, slot_funnels: Sequence[SlotFunnel], *, held: bool = False,
+        self, request: Any, funnels: Sequence[ConcurrencyFunnel], *, held: bool = False,
         rank: int = 0,
     ) -> Lease | None:  # fmt: skip
-        """Take every seat of ``slot_funnels`` for ``request``: the lease, or None when it
+        """Take every seat of ``funnels`` for ``request``: the lease, or None when it
         must wait (nothing taken; ``held``: it waits in this worker, queued as a held
         waiter of priority ``rank``, where a hand-off listener can wake it).
 
@@ -133,21 +143,21 @@ class SlotFunnels:
             BackendError: when Redis fails.
         """
         self.runtime.outage.check()  # no call waits on a Redis known to fail
-        leases = self.leases
+        renewal = self.renewal
         promised = (request.request_dict.get(HEADER) or {}).get("promised")
-        elsewhere = [s for s in slot_funnels_of(promised) if s not in slot_funnels]
+        elsewhere = [s for s in funnels_in_header(promised) if s not in funnels]
         if elsewhere:  # handed a seat another worker counts: give it up there
-            leases.hand_on(leases.store.release(elsewhere, request.id, "")[1])
+            renewal.hand_on(renewal.store.free(elsewhere, request.id, "")[1])
         token = uuid.uuid4().hex
         try:
-            lease, promoted = leases.store.acquire(
-                slot_funnels, request.id, self.node, token, self._held_waiter(held, rank)
+            lease, promoted = renewal.store.take(
+                funnels, request.id, self.node, token, self._held_waiter(held, rank)
             )
         except BackendError:  # it may still take them (the call ran, its reply was lost)
-            leases.owe(Lease(request.id, token, tuple(slot_funnels)))
+            renewal.owe(Lease(request.id, token, tuple(funnels)))
             raise
-        leases.know(slot_funnels)
-        leases.hand_on(promoted)
+        renewal.know(funnels)
+        renewal.hand_on(promoted)
         return lease
 
     def _held_waiter(self, held: bool, rank: int) -> HeldWaiter | None:
@@ -157,41 +167,41 @@ class SlotFunnels:
         self.hand_offs.start()
         return HeldWaiter(self.hand_offs.channel, HELD_MARK_SECONDS, rank)
 
-    def queue(self, request: Any, slot_funnels: Sequence[SlotFunnel], rank: int = 0) -> None:
+    def queue(self, request: Any, funnels: Sequence[ConcurrencyFunnel], rank: int = 0) -> None:
         """``request`` was parked: queue it for a seat (it may get one at once), behind
         the waiters of its priority ``rank`` (the broker's order, 0 first).
 
         Raises:
             BackendError: when Redis fails.
         """
-        leases = self.leases
-        leases.hand_on(leases.store.enqueue(slot_funnels, request.id, rank))
+        renewal = self.renewal
+        renewal.hand_on(renewal.store.queue(funnels, request.id, rank))
 
     def started(self, lease: Lease, request: Any) -> None:
         """The run of ``request`` holding ``lease`` goes to the pool: renew it until
         it ends."""
-        self.leases.track(lease, request)
+        self.renewal.track(lease, request)
 
     def free(self, lease: Lease) -> None:
         """The run will not start (another funnel refused it, or it failed in the
         gate): free its seats at once."""
-        self.leases.end(lease.task_id, lease)
+        self.renewal.end(lease.task_id, lease)
 
     def close(self) -> None:
         """The worker shuts down: stop renewing, give back what is still held."""
         if self.hand_offs is not None:
             self.hand_offs.stop()
-        if self._leases is not None:
-            self._leases.stop()
+        if self._renewal is not None:
+            self._renewal.stop()
 
     def forget(self, request: Any) -> None:
         """``request`` ends without running (revoked, expired): give up a seat handed
         to it while parked, and its place in the queue. Never raises."""
         try:
-            slot_funnels = self.of(request.type, request.name, request.args, request.kwargs)
-            if slot_funnels:
-                leases = self.leases
-                leases.hand_on(leases.store.release(slot_funnels, request.id, "")[1])
+            funnels = self.of(request.type, request.name, request.args, request.kwargs)
+            if funnels:
+                renewal = self.renewal
+                renewal.hand_on(renewal.store.free(funnels, request.id, "")[1])
         except Exception:  # the handed seat runs out after the TTL
             return
 
@@ -204,12 +214,12 @@ class Seats:
     """The seats of the worker gate's runs: ``admit`` runs a request, ``fail`` fails it."""
 
     def __init__(
-        self, runtime: Runtime, slot_funnels: SlotFunnels, parking: Parking, waits: Waits,
+        self, runtime: Runtime, funnels: Concurrency, parking: Parking, waits: Waits,
         admit: Admit, fail: Fail,
     ) -> None:  # fmt: skip
-        self.runtime, self.slot_funnels, self.parking, self.waits = (
+        self.runtime, self.concurrency, self.parking, self.waits = (
             runtime,
-            slot_funnels,
+            funnels,
             parking,
             waits,
         )
@@ -224,9 +234,7 @@ class Seats:
         """
         try:
             held, rank = not self.parking.on, arrival.subject.rank or 0
-            lease = self.slot_funnels.take(
-                arrival.request, arrival.slot_funnels, held=held, rank=rank
-            )
+            lease = self.concurrency.take(arrival.request, arrival.seats, held=held, rank=rank)
         except BackendError as error:
             return None, self._outage(arrival, error)
         if lease is None:
@@ -234,7 +242,7 @@ class Seats:
         return lease, None
 
     def _label(self, arrival: Arrival) -> str:
-        return "+".join(slot_funnel.label for slot_funnel in arrival.slot_funnels)
+        return "+".join(funnel.label for funnel in arrival.seats)
 
     def _outage(self, arrival: Arrival, error: BackendError) -> Any:
         """The funnels' Redis failed taking a seat: the outage policy decides (run
@@ -265,5 +273,5 @@ class Seats:
         step = Ruling(run=False, delay=delay, state=after)
         self.waits.report(arrival, step._replace(delay=0.0), label, how="parked")
         rank = arrival.subject.rank or 0
-        queue = partial(self.slot_funnels.queue, request, arrival.slot_funnels, rank)
+        queue = partial(self.concurrency.queue, request, arrival.seats, rank)
         self.waits.park(arrival, step, label, queue)

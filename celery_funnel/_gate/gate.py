@@ -43,7 +43,7 @@ from .._shared.state import HEADER, State, gate_mark
 from .._stores.concurrency import Lease
 from .allowance import Allowances
 from .arrival import Arrival, TaskOptions, subject_of
-from .concurrency import RenewalOf, Seats, SlotFunnels
+from .concurrency import Concurrency, RenewalOf, Seats
 from .failing import Failing
 from .held import Held, cancel_run_booking
 from .inflight import InFlightDecisions
@@ -84,7 +84,7 @@ class WorkerGate:
         self.node = getattr(consumer, "hostname", "") or ""
         self.hostname = safe_part(self.node or "worker")
         self.charges = Charges(runtime, consumer.app, self.hostname, own_charges)
-        self.slot_funnels = SlotFunnels(runtime, consumer.app, self.node, self.hostname, renewal)
+        self.concurrency = Concurrency(runtime, consumer.app, self.node, self.hostname, renewal)
         # kombu's Redis transport loses a message taken off the queue as the broker dies
         # or the worker is killed: copies published again are backed up there (not on
         # celery_funnel.transport, whose fetch records a message in the call that takes it)
@@ -96,7 +96,7 @@ class WorkerGate:
         self.failing = Failing(self.held)
         self.waits = Waits(runtime, self.parking, self.copies, self.held, self.events, publish)
         self.seats = Seats(
-            runtime, self.slot_funnels, self.parking, self.waits, self._admit, self.failing.fail
+            runtime, self.concurrency, self.parking, self.waits, self._admit, self.failing.fail
         )
         self.inflight = InFlight(
             lambda: runtime.funnel, getattr(consumer, "hub", None),
@@ -134,17 +134,15 @@ class WorkerGate:
         delivery = delivery_of(request, self.runtime.countdowns)
         try:
             charges = self.charges.of(request.type, request.name, request.args, request.kwargs)
-            slot_funnels = self.slot_funnels.of(
-                request.type, request.name, request.args, request.kwargs
-            )
+            seats = self.concurrency.of(request.type, request.name, request.args, request.kwargs)
         except Exception as error:  # a bad funnel_key fails its task only
             return self.failing.fail(request, error, False)
         state = State.from_headers(request.request_dict)
         if not delivery.unchecked(state.release):
             delivery.accepted = True
-            if not charges and not slot_funnels and not follows_of(request.request_dict):
+            if not charges and not seats and not follows_of(request.request_dict):
                 return self.handle(request)
-        return self._arrived(request, charges, slot_funnels, state, delivery)
+        return self._arrived(request, charges, seats, state, delivery)
 
     def _pass(self, request: Any, charges: Sequence[Charge], state: State) -> Any:
         """Decide a held request again (its timer fired, or it was woken): its charges
@@ -153,16 +151,14 @@ class WorkerGate:
 
     def _again(self, request: Any, charges: Sequence[Charge], state: State) -> Any:
         try:
-            slot_funnels = self.slot_funnels.of(
-                request.type, request.name, request.args, request.kwargs
-            )
+            seats = self.concurrency.of(request.type, request.name, request.args, request.kwargs)
         except Exception as error:  # a bad funnel_key fails its task only
             return self.failing.fail(request, error, False)
         delivery = delivery_of(request, self.runtime.countdowns)
-        return self._arrived(request, charges, slot_funnels, state, delivery)
+        return self._arrived(request, charges, seats, state, delivery)
 
     def _arrived(
-        self, request: Any, charges: Sequence[Charge], slot_funnels: Any, state: State,
+        self, request: Any, charges: Sequence[Charge], seats: Any, state: State,
         delivery: Delivery,
     ) -> Any:  # fmt: skip
         try:
@@ -172,7 +168,7 @@ class WorkerGate:
             subject = subject_of(request, self.options, fair, self.transport)
         except Exception as error:  # a bad option value fails its task only
             return self.failing.fail(request, error, False)
-        return self._run(Arrival(request, charges, slot_funnels, state, subject, delivery))
+        return self._run(Arrival(request, charges, seats, state, subject, delivery))
 
     def _run(self, arrival: Arrival) -> Any:
         """Decide ``arrival`` now: its copy, slots, then the funnels; run, wait or fail it."""
@@ -180,7 +176,7 @@ class WorkerGate:
         if request.revoked():  # revoked, or expired while it waited: Celery ends it
             self.held.backend_of(request)  # revoked() stored REVOKED with it
             cancel_run_booking(self.runtime, arrival.charges, arrival.state, request.id)
-            self.slot_funnels.forget(request)
+            self.concurrency.forget(request)
             return None
         if not arrival.delivery.accepted:
             return self._accept(arrival)
@@ -191,7 +187,7 @@ class WorkerGate:
                 return following
         lease: Lease | None = None
         try:
-            if arrival.slot_funnels:  # the slots first: they can be given back, a rate's cannot
+            if arrival.seats:  # the seats first: they can be given back, a rate's cannot
                 lease, waits = self.seats.take(arrival)
                 if lease is None:
                     return waits
@@ -202,7 +198,7 @@ class WorkerGate:
                 step = self._decide(arrival) if arrival.charges else RUN
         except Exception as error:  # one task fails, the worker runs on
             if lease is not None:
-                self.slot_funnels.free(lease)
+                self.concurrency.free(lease)
             return self.failing.fail(request, error, False)
         return self._decided(arrival, step, lease)
 
@@ -251,7 +247,7 @@ class WorkerGate:
             return self._admit(arrival, lease)
         self.inflight.deferred()
         if lease is not None:  # a rate refused it: nothing stays charged
-            self.slot_funnels.free(lease)
+            self.concurrency.free(lease)
         if step.error is not None:
             return self.failing.fail(arrival.request, step.error, True)
         return self.waits.wait(arrival, step)
@@ -263,14 +259,14 @@ class WorkerGate:
         request = arrival.request
         if arrival.delivery.past_deadline():
             if lease is not None:
-                self.slot_funnels.free(lease)
+                self.concurrency.free(lease)
             self.held.forget(request)
             return hand_back(request, "its delivery's deadline passed before it could start")
         more = lease.header() if lease is not None else {}
         request.request_dict[HEADER] = arrival.state.header(gate=gate_mark(), **more)
         self.copies.watch_ack(request, arrival.state)
         if lease is not None:
-            self.slot_funnels.started(lease, request)
+            self.concurrency.started(lease, request)
         return self.handle(request)
 
     def _no_reply(self, error: BaseException) -> None:
@@ -307,5 +303,5 @@ class WorkerGate:
         """Stop sweeping; give back the slots still held; close the result-backend
         connections the gate opened."""
         self.held.close()
-        self.slot_funnels.close()
+        self.concurrency.close()
         self.inflight.close()

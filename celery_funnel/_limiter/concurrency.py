@@ -4,7 +4,7 @@ Two ways to ask for one: the task option ``funnel_concurrency=N`` (per key with
 ``funnel_key``: ``n`` at once per key), and ``"concurrency": N`` in an entry of the
 ``funnel_limits`` setting (alone, or beside a ``rate`` in the same entry), with
 ``"scope": "global"`` (one count for the cluster) or ``"worker"`` (one per worker).
-This module reads and checks them; ``_stores.concurrency`` keeps the slots,
+This module reads and checks them; ``_stores.concurrency`` keeps the seats,
 ``_gate.concurrency`` takes them.
 """
 
@@ -17,14 +17,14 @@ from typing import Any
 from .errors import ConfigurationError
 from .values import MAX_CAPACITY
 
-__all__ = ["Concurrency", "check_concurrency", "split_entry"]
+__all__ = ["ConcurrencyLimit", "check_concurrency", "split_entry"]
 
 OPTION = "concurrency"
 SCOPES = ("global", "worker")
 
 
 @dataclass(frozen=True)
-class Concurrency:
+class ConcurrencyLimit:
     """At most ``n`` at once: of the tasks matching ``pattern`` (a ``funnel_limits``
     entry, counted per worker with ``scope`` "worker"), or of one FunnelTask (``pattern``
     None; split by its ``funnel_key``)."""
@@ -48,7 +48,7 @@ def check_concurrency(where: str, value: Any) -> int:
     return value
 
 
-def split_entry(pattern: str, spec: Any) -> tuple[Any, Concurrency | None]:
+def split_entry(pattern: str, spec: Any) -> tuple[Any, ConcurrencyLimit | None]:
     """A ``funnel_limits`` entry taken apart: what is left for a rate limit (None when the
     entry has no rate) and its concurrency limit (None when it has none).
 
@@ -64,11 +64,11 @@ def split_entry(pattern: str, spec: Any) -> tuple[Any, Concurrency | None]:
         raise ConfigurationError(f"{where}: scope must be one of {list(SCOPES)}, got {scope!r}")
     rest = {name: value for name, value in spec.items() if name != OPTION}
     if "rate" in rest:
-        return rest, Concurrency(n, pattern, scope)
+        return rest, ConcurrencyLimit(n, pattern, scope)
     extra = sorted(set(rest) - {"scope"})
     if extra:
         raise ConfigurationError(
             f"{where}: {extra} need a 'rate' in the same entry; a concurrency limit"
             f" alone takes 'concurrency' and 'scope'"
         )
-    return None, Concurrency(n, pattern, scope)
+    return None, ConcurrencyLimit(n, pattern, scope)

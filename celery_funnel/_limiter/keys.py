@@ -50,9 +50,11 @@ from typing import NamedTuple
 
 __all__ = [
     "DEFAULT_PREFIX",
+    "ConcurrencyKeys",
     "FunnelKey",
     "ParkedKeys",
     "companion_key",
+    "concurrency_keys",
     "debounce_key",
     "fair_keys",
     "fair_registry_key",
@@ -62,7 +64,6 @@ __all__ = [
     "hash_tag",
     "is_live_key",
     "is_parked_key",
-    "lease_keys",
     "limit_key",
     "live_key",
     "parked_keys",
@@ -83,7 +84,7 @@ _NAME = f"[{_SAFE_CHARS}~]+"
 COMPANION_MARK = "#"
 TICKETS = "tickets"
 RANKS = "ranks"
-LEASE_PARTS = ("leases", "lease-info", "waiters")
+CONCURRENCY_PARTS = ("leases", "lease-info", "waiters")
 BACKLOG = "backlog"  # the tasks sent and not yet started (funnel_max_waiting)
 UNIQUE = "unique"  # the task id holding a unique task's key (funnel_unique)
 DEBOUNCE = "debounce"  # beside the parked tasks: a debounced key's window
@@ -167,10 +168,20 @@ def debounce_key(prefix: str, task_name: str, key_part: str = "") -> str:
     return f"{prefix}{{{PARKED_TAG}}}{COMPANION_MARK}{DEBOUNCE}:{name}"
 
 
-def lease_keys(key: str) -> list[str]:
+class ConcurrencyKeys(NamedTuple):
+    """The keys of one concurrency funnel, in the order its scripts take them
+    (``CONCURRENCY_PARTS``)."""
+
+    leases: str  # task id -> when its lease ends
+    info: str  # task id -> who holds its seat; "held:<task id>" -> a held waiter's mark
+    waiters: str  # the runs queued for a seat
+
+
+def concurrency_keys(key: str) -> ConcurrencyKeys:
     """The keys of concurrency funnel ``key``: its leases, their holders' info and its
-    waiters, in ``LEASE_PARTS`` order (the order the lease scripts take them)."""
-    return [companion_key(key, part) for part in LEASE_PARTS]
+    waiters, in ``CONCURRENCY_PARTS`` order (the order the concurrency scripts take
+    them)."""
+    return ConcurrencyKeys(*(companion_key(key, part) for part in CONCURRENCY_PARTS))
 
 
 def funnel_key(prefix: str, name: str, *parts: str) -> str:
@@ -334,7 +345,7 @@ class FunnelKey:
 
 # the companions a funnel key may carry: tickets, leases, fair-share queues, the
 # backlog, a unique key
-_COMPANIONS = "|".join((TICKETS, *LEASE_PARTS, BACKLOG, UNIQUE, "fair(?:-[a-z0-9]+)?"))
+_COMPANIONS = "|".join((TICKETS, *CONCURRENCY_PARTS, BACKLOG, UNIQUE, "fair(?:-[a-z0-9]+)?"))
 
 
 @lru_cache(maxsize=64)

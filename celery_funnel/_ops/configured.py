@@ -12,12 +12,12 @@ from .._celery.task import FunnelTask
 from .._config.options import concurrency_of, limits_of
 from .._config.runtime import Runtime
 from .._limiter import strategies
-from .._limiter.concurrency import Concurrency
+from .._limiter.concurrency import ConcurrencyLimit
 from .._limiter.keys import FunnelKey
 from .._limiter.limit import Limit
 from .._shared.overrides import Override
 from .control import LIMIT_PREFIX
-from .view import Found, lease_funnels
+from .view import Found, concurrency_funnels
 
 __all__ = [
     "Configured", "concurrency_in_force", "configured", "idle_rows", "in_force", "parked_of",
@@ -65,7 +65,7 @@ def configured(runtime: Runtime) -> Iterator[Configured]:
             parts = PER_KEY if task.funnel_key is not None else ""
             key = runtime.task_key(task.name)
             yield Configured(task.name, key, None, n, _of_task(task.name, None), parts)
-    worker_wide: list[tuple[Limit | Concurrency, Limit | None, int | None]]
+    worker_wide: list[tuple[Limit | ConcurrencyLimit, Limit | None, int | None]]
     worker_wide = [(x, x, None) for x in runtime.settings.limits]
     worker_wide += [(x, None, x.n) for x in runtime.settings.concurrency]
     for entry, rate, n in worker_wide:
@@ -112,7 +112,7 @@ def idle_rows(
     (funnels and concurrency funnels): its limit in force (its ``limit`` name too),
     nothing used. ``parked``: the parked tasks by label (``ParkStore.counts``); a funnel
     with none is idle, one with some (paused, say) is not. Reading it touches no key."""
-    seen = [*found.funnels, *lease_funnels(found)]
+    seen = [*found.funnels, *concurrency_funnels(found)]
     rows = []
     for entry in configured(runtime):
         if (name and name not in (entry.name, entry.key)) or any(entry.owns(k) for k in seen):

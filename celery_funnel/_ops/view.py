@@ -30,8 +30,18 @@ from .._stores.fair import fair_status
 from .._stores.unique import UniqueStore
 
 __all__ = [
-    "Found", "adaptive_rates", "adaptive_text", "at", "describe", "fair_lines", "find",
-    "lease_funnels", "limit_of", "resolve", "unique_rows", "utc_time",
+    "Found",
+    "adaptive_rates",
+    "adaptive_text",
+    "at",
+    "concurrency_funnels",
+    "describe",
+    "fair_lines",
+    "find",
+    "limit_of",
+    "resolve",
+    "unique_rows",
+    "utc_time",
 ]  # fmt: skip
 
 Failure = (BackendError, BackendConfigurationError, RedisError)
@@ -179,7 +189,7 @@ def resolve(runtime: Runtime, client: Any, name: str) -> Found:
     return found
 
 
-def lease_funnels(found: Found) -> list[FunnelKey]:
+def concurrency_funnels(found: Found) -> list[FunnelKey]:
     """The concurrency funnels among the keys found (those with leases or waiters)."""
     seen = {k.funnel: k for k in found.keys if k.companion in ("leases", "waiters")}
     return [FunnelKey(funnel, k.name, k.rest) for funnel, k in sorted(seen.items())]

@@ -30,7 +30,7 @@ from celery import states
 
 from .._celery.waiting import COMMAND as WAITING
 from .._config.runtime import Runtime
-from .._limiter.keys import lease_keys, parked_keys
+from .._limiter.keys import concurrency_keys, parked_keys
 from .._shared.state import State
 from .._stores.park import decode_message
 from .view import find
@@ -169,7 +169,7 @@ def waiter_place(runtime: Runtime, client: Any, task_id: str) -> tuple[str, int]
     for funnel_key in find(client, runtime.settings.key_prefix).keys:
         if funnel_key.companion != "waiters":
             continue
-        rank = client.zrank(lease_keys(funnel_key.funnel)[2], task_id)
+        rank = client.zrank(concurrency_keys(funnel_key.funnel).waiters, task_id)
         if rank is not None:
             return funnel_key.funnel, int(rank) + 1
     return None

@@ -1,18 +1,18 @@
-"""Concurrency slots as leases in the funnels' Redis (``lua/concurrency_*.lua``).
+"""Concurrency seats as leases in the funnels' Redis (``lua/concurrency_*.lua``).
 
-A slot is a lease: the task id in a sorted set beside its funnel's key (``#leases``,
+A seat is a lease: the task id in a sorted set beside its funnel's key (``#leases``,
 score = when the lease ends), with who holds it (``#lease-info``: token, worker, start).
-The worker gate takes every slot a task needs in one atomic step, before the task
+The worker gate takes every seat a task needs in one atomic step, before the task
 reaches the pool; the run gives them back when it ends, by task id and token (twice is
 harmless); the worker renews the leases it holds in one call per interval; a lease not
 renewed (its worker died) runs out, and the next script that touches the funnel frees
-it. A task refused a slot waits queued (``#waiters``: the broker's priority first, then
+it. A task refused a seat waits queued (``#waiters``: the broker's priority first, then
 arrival), parked (``_stores.park``) with no release time, or, where nothing may be
-parked, held in its worker (a held waiter, ``HeldWaiter``): a freed slot is handed to
+parked, held in its worker (a held waiter, ``HeldWaiter``): a freed seat is handed to
 the first waiter in the same script; the process that freed it publishes a parked
 waiter at once (``hand_on``), and the script itself tells a held waiter's worker on
 its pub/sub channel. A held waiter's mark lasts a few seconds unless its worker looks
-again: a dead worker's waiters leave the queue, and a slot handed to one runs out
+again: a dead worker's waiters leave the queue, and a seat handed to one runs out
 with its mark.
 """
 
@@ -27,14 +27,20 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from .._limiter.errors import BackendError
-from .._limiter.keys import handed_worker, lease_keys, parked_keys
+from .._limiter.keys import concurrency_keys, handed_worker, parked_keys
 from .._limiter.scripts import RedisClient, run_script
 from .park import Release, decode_message
 from .store import RedisStore, text
 
 __all__ = [
-    "Handed", "HeldWaiter", "Holder", "Lease", "LeaseStore", "Renewal", "SlotFunnel",
-    "slot_funnels_of",
+    "ConcurrencyFunnel",
+    "ConcurrencyStore",
+    "Handed",
+    "HeldWaiter",
+    "Holder",
+    "Lease",
+    "Renewed",
+    "funnels_in_header",
 ]  # fmt: skip
 
 logger = logging.getLogger("celery_funnel")
@@ -42,8 +48,8 @@ US = 1_000_000
 
 
 @dataclass(frozen=True)
-class SlotFunnel:
-    """One concurrency funnel a run needs a slot in: at most ``n`` at once on ``key``
+class ConcurrencyFunnel:
+    """One concurrency funnel a run needs a seat in: at most ``n`` at once on ``key``
     (its funnel key; the lease keys are beside it); ``label`` names it."""
 
     n: int
@@ -63,32 +69,32 @@ class HeldWaiter:
     rank: int = 0
 
 
-Handed = tuple[SlotFunnel, str]  # a waiter (task id) handed a slot of a funnel
+Handed = tuple[ConcurrencyFunnel, str]  # a waiter (task id) handed a seat of a funnel
 
 
-def slot_funnels_of(raw: Any) -> tuple[SlotFunnel, ...]:
-    """SlotFunnels as a header carries them (``[[n, key, label], ...]``)."""
-    return tuple(SlotFunnel(int(n), str(key), str(label)) for n, key, label in raw or ())
+def funnels_in_header(raw: Any) -> tuple[ConcurrencyFunnel, ...]:
+    """Concurrency as a header carries them (``[[n, key, label], ...]``)."""
+    return tuple(ConcurrencyFunnel(int(n), str(key), str(label)) for n, key, label in raw or ())
 
 
-def header_of(slot_funnels: Sequence[SlotFunnel]) -> list[list[Any]]:
-    """``slot_funnels`` as a header carries them."""
-    return [[slot_funnel.n, slot_funnel.key, slot_funnel.label] for slot_funnel in slot_funnels]
+def header_of(funnels: Sequence[ConcurrencyFunnel]) -> list[list[Any]]:
+    """``funnels`` as a header carries them."""
+    return [[funnel.n, funnel.key, funnel.label] for funnel in funnels]
 
 
 @dataclass(frozen=True)
 class Lease:
-    """The slots one run of task ``task_id`` holds under ``token``."""
+    """The seats one run of task ``task_id`` holds under ``token``."""
 
     task_id: str
     token: str
-    slot_funnels: tuple[SlotFunnel, ...]
+    funnels: tuple[ConcurrencyFunnel, ...]
 
     def header(self) -> dict[str, Any]:
-        """What the run carries in its ``celery_funnel`` header, to give its slots back
+        """What the run carries in its ``celery_funnel`` header, to give its seats back
         from the process that runs it."""
         # "seats": the header's name before 0.4, kept: messages in flight carry it
-        return {"lease": {"token": self.token, "seats": header_of(self.slot_funnels)}}
+        return {"lease": {"token": self.token, "seats": header_of(self.funnels)}}
 
     @classmethod
     def from_header(cls, task_id: str, header: Any) -> Lease | None:
@@ -96,12 +102,12 @@ class Lease:
         raw = header.get("lease") if isinstance(header, dict) else None
         if not isinstance(raw, dict) or not raw.get("token"):
             return None
-        return cls(task_id, str(raw["token"]), slot_funnels_of(raw["seats"]))
+        return cls(task_id, str(raw["token"]), funnels_in_header(raw["seats"]))
 
 
 @dataclass(frozen=True)
 class Holder:
-    """One slot of a funnel, as ``celery funnel status`` shows it: held by a run of
+    """One seat of a funnel, as ``celery funnel status`` shows it: held by a run of
     ``task_id`` (``token``) on ``worker`` since ``started``, or handed to a waiter
     (``token`` ""): a parked one, or one held by worker ``held_by``; the lease ends at
     ``expires`` (epoch seconds)."""
@@ -115,28 +121,28 @@ class Holder:
 
 
 @dataclass(frozen=True)
-class Renewal:
+class Renewed:
     """What one renewal call found: leases no longer held (``gone``: funnel key, task
-    id), funnels with nothing held nor queued (``empty``), waiters handed a slot."""
+    id), funnels with nothing held nor queued (``empty``), waiters handed a seat."""
 
     gone: list[tuple[str, str]]
     empty: list[str]
     promoted: list[Handed]
 
 
-def _handed(slot_funnels: Sequence[SlotFunnel], items: Iterable[Any]) -> list[Handed]:
-    """The waiters a script handed slots, from its "<funnel index>:<task id>" items."""
+def _handed(funnels: Sequence[ConcurrencyFunnel], items: Iterable[Any]) -> list[Handed]:
+    """The waiters a script handed seats, from its "<funnel index>:<task id>" items."""
     pairs = (text(item).split(":", 1) for item in items)
-    return [(slot_funnels[int(index) - 1], task_id) for index, task_id in pairs]
+    return [(funnels[int(index) - 1], task_id) for index, task_id in pairs]
 
 
-def _keys_and_counts(slot_funnels: Sequence[SlotFunnel]) -> tuple[list[str], list[int]]:
-    keys = [key for slot_funnel in slot_funnels for key in lease_keys(slot_funnel.key)]
-    return keys, [slot_funnel.n for slot_funnel in slot_funnels]
+def _keys_and_counts(funnels: Sequence[ConcurrencyFunnel]) -> tuple[list[str], list[int]]:
+    keys = [key for funnel in funnels for key in concurrency_keys(funnel.key)]
+    return keys, [funnel.n for funnel in funnels]
 
 
-class LeaseStore(RedisStore):
-    """The concurrency slots of one app in the funnels' Redis (``client``, redis-py),
+class ConcurrencyStore(RedisStore):
+    """The concurrency seats of one app in the funnels' Redis (``client``, redis-py),
     with leases of ``ttl`` seconds; parked waiters live in the parked index under
     ``prefix``.
 
@@ -149,7 +155,7 @@ class LeaseStore(RedisStore):
         super().__init__(client)
         self.ttl, self.ttl_us = ttl, round(ttl * US)
         self.parked = parked_keys(prefix)
-        self._acquire, self._enqueue, self._release, self._renew = (
+        self._take, self._queue, self._free, self._renew = (
             self._register("_concurrency", name)
             for name in (
                 "concurrency_take",
@@ -160,54 +166,54 @@ class LeaseStore(RedisStore):
         )
         self._wake = self._register("_parked", "concurrency_wake")
 
-    def acquire(
-        self, slot_funnels: Sequence[SlotFunnel], task_id: str, worker: str, token: str = "",
+    def take(
+        self, funnels: Sequence[ConcurrencyFunnel], task_id: str, worker: str, token: str = "",
         held: HeldWaiter | None = None,
     ) -> tuple[Lease | None, list[Handed]]:  # fmt: skip
-        """Take a slot in every one of ``slot_funnels`` for ``task_id``, all or none, under
+        """Take a seat in every one of ``funnels`` for ``task_id``, all or none, under
         ``token`` (a new one when ""): the lease (None: refused, nothing taken) and the
-        parked waiters this call handed a slot. Refused, a run ``held`` in its worker is
+        parked waiters this call handed a seat. Refused, a run ``held`` in its worker is
         queued as a held waiter (its place kept from its first refusal)."""
         token = token or uuid.uuid4().hex
-        keys, counts = _keys_and_counts(slot_funnels)
+        keys, counts = _keys_and_counts(funnels)
         mark = held or HeldWaiter("", 0.0)
         reply = self._script(
-            self._acquire, keys, task_id, f"{token}|{worker}", self.ttl_us,
+            self._take, keys, task_id, f"{token}|{worker}", self.ttl_us,
             mark.channel, round(mark.lasts * US), mark.rank, *counts,
         )  # fmt: skip
-        lease = Lease(task_id, token, tuple(slot_funnels)) if int(reply[0]) else None
-        return lease, _handed(slot_funnels, reply[2:])
+        lease = Lease(task_id, token, tuple(funnels)) if int(reply[0]) else None
+        return lease, _handed(funnels, reply[2:])
 
-    def enqueue(
-        self, slot_funnels: Sequence[SlotFunnel], task_id: str, rank: int = 0
+    def queue(
+        self, funnels: Sequence[ConcurrencyFunnel], task_id: str, rank: int = 0
     ) -> list[Handed]:
-        """Queue parked ``task_id`` for a slot in ``slot_funnels``, behind the waiters of its
+        """Queue parked ``task_id`` for a seat in ``funnels``, behind the waiters of its
         priority ``rank`` (0 first, 0..255) and ahead of less urgent ones; the waiters
-        handed a slot."""
-        keys, counts = _keys_and_counts(slot_funnels)
+        handed a seat."""
+        keys, counts = _keys_and_counts(funnels)
         args = (task_id, self.ttl_us, rank, *counts)
-        return _handed(slot_funnels, self._script(self._enqueue, keys, *args))
+        return _handed(funnels, self._script(self._queue, keys, *args))
 
-    def release(
-        self, slot_funnels: Sequence[SlotFunnel], task_id: str, token: str
+    def free(
+        self, funnels: Sequence[ConcurrencyFunnel], task_id: str, token: str
     ) -> tuple[int, list[Handed]]:
-        """Give back the slots ``task_id`` holds under ``token`` ("": a slot handed to
+        """Give back the seats ``task_id`` holds under ``token`` ("": a seat handed to
         it while parked, and its place in the queue; "*": whatever holds them). How
         many were given back, and the waiters handed them."""
-        keys, counts = _keys_and_counts(slot_funnels)
-        reply = self._script(self._release, keys, task_id, token, self.ttl_us, *counts)
-        return int(reply[0]), _handed(slot_funnels, reply[1:])
+        keys, counts = _keys_and_counts(funnels)
+        reply = self._script(self._free, keys, task_id, token, self.ttl_us, *counts)
+        return int(reply[0]), _handed(funnels, reply[1:])
 
     def renew(
-        self, funnels: Sequence[SlotFunnel], held: dict[str, list[tuple[str, str]]]
-    ) -> Renewal:
+        self, funnels: Sequence[ConcurrencyFunnel], held: dict[str, list[tuple[str, str]]]
+    ) -> Renewed:
         """Renew the leases ``held`` (funnel key -> [(task id, token)]) in one call, and
         sweep every one of ``funnels`` for leases that ran out."""
         keys, args = _keys_and_counts(funnels)[0], [str(self.ttl_us)]
-        for slot_funnel in funnels:
-            pairs = held.get(slot_funnel.key, [])
+        for funnel in funnels:
+            pairs = held.get(funnel.key, [])
             args += [
-                str(slot_funnel.n),
+                str(funnel.n),
                 str(len(pairs)),
                 *(item for pair in pairs for item in pair),
             ]
@@ -220,7 +226,7 @@ class LeaseStore(RedisStore):
         at = 1 + count
         empties = int(reply[at])
         empty = [funnels[int(i) - 1].key for i in reply[at + 1 : at + 1 + empties]]
-        return Renewal(gone, empty, _handed(funnels, reply[at + 1 + empties :]))
+        return Renewed(gone, empty, _handed(funnels, reply[at + 1 + empties :]))
 
     def wake(self, task_ids: Iterable[str], lease: float) -> tuple[list[str], list[Release]]:
         """Claim the parked waiters ``task_ids`` for release now (``lease`` seconds to
@@ -238,11 +244,11 @@ class LeaseStore(RedisStore):
         return missing, [Release(text(i), token, decode_message(m)) for i, m in pairs]
 
     def holders(self, key: str) -> list[Holder]:
-        """Who holds the slots of concurrency funnel ``key``, oldest lease end first."""
-        leases, info, _ = lease_keys(key)
+        """Who holds the seats of concurrency funnel ``key``, oldest lease end first."""
+        leases, info, _ = concurrency_keys(key)
         pairs = self._method("zrange", leases, 0, -1, withscores=True)
         ids = [text(i) for i, _ in pairs]
-        # a slot handed to a held waiter keeps its mark ("<channel>|<until>") until taken
+        # a seat handed to a held waiter keeps its mark ("<channel>|<until>") until taken
         fields = [*ids, *(f"held:{i}" for i in ids)]
         values = self._method("hmget", info, fields) if pairs else []
         ends_at = [float(ends) / US for _, ends in pairs]
@@ -258,5 +264,5 @@ class LeaseStore(RedisStore):
         return found
 
     def waiting(self, key: str) -> int:
-        """How many parked tasks wait for a slot of concurrency funnel ``key``."""
-        return int(self._method("zcard", lease_keys(key)[2]))
+        """How many parked tasks wait for a seat of concurrency funnel ``key``."""
+        return int(self._method("zcard", concurrency_keys(key).waiters))

@@ -17,9 +17,9 @@ from .._limiter.errors import ConfigurationError
 from .._limiter.keys import FunnelKey, live_key
 from .._ops import control
 from .._ops.configured import configured
-from .._ops.view import Failure, Found, describe, find, lease_funnels, limit_of
+from .._ops.view import Failure, Found, concurrency_funnels, describe, find, limit_of
 from .._shared.live import SERIES_KEEP_SECONDS, series_key
-from .._stores.concurrency import LeaseStore
+from .._stores.concurrency import ConcurrencyStore
 from .._stores.park import ParkStore
 
 __all__ = ["ConcurrencyHook", "funnel_state", "series"]
@@ -42,9 +42,9 @@ def _running(app: Any, found: Found, known: Any) -> dict[str, int]:
     """Lease holders per funnel name, over every key of each concurrency funnel."""
     runtime = runtime_for(app)
     settings = runtime.settings
-    store = LeaseStore(runtime.funnel.client, settings.key_prefix, settings.lease_ttl)
+    store = ConcurrencyStore(runtime.funnel.client, settings.key_prefix, settings.lease_ttl)
     running: dict[str, int] = {}
-    for key in lease_funnels(found):
+    for key in concurrency_funnels(found):
         name = control.owner(app, key, known)
         if name is not None:
             running[name] = running.get(name, 0) + len(store.holders(key.key))

@@ -3,13 +3,13 @@
 -- A concurrency funnel is three keys under one hash tag, always given in this order:
 --   holders  sorted set  task id -> end of its lease (integer µs since the epoch)
 --   info     hash        task id -> "<token>|<worker>|<started µs>" for a running task,
---                        "" for a slot handed to a parked waiter not yet arrived
+--                        "" for a seat handed to a parked waiter not yet arrived
 --   waiters  sorted set  task id -> rank * 10^13 + arrival (ms): tasks waiting for a
---                        slot, the broker's priority first (rank 0..255), then arrival
+--                        seat, the broker's priority first (rank 0..255), then arrival
 --                        (exact in a double: below 2^53); one arriving in the same ms
 --                        as an earlier one of its rank is placed after it
 --   info also holds "held:<task id>" -> "<channel>|<until µs>" for a waiter held in
---   its worker (not parked): told on its worker's pub/sub channel when handed a slot,
+--   its worker (not parked): told on its worker's pub/sub channel when handed a seat,
 --   and dropped from the queue once its mark ends (its worker died: marks are renewed
 --   at each of its looks)
 -- Units: µs from the server's TIME; ttl in µs; n = the funnel's concurrency.
@@ -19,9 +19,9 @@ local function server_now()
   return clock[1] * 1000000 + clock[2]
 end
 
-local promoted = {}  -- {funnel index, task id} of each waiter handed a slot
+local promoted = {}  -- {funnel index, task id} of each waiter handed a seat
 
--- leases that ran out (their worker died or lost Redis) free their slots; at most
+-- leases that ran out (their worker died or lost Redis) free their seats; at most
 -- 100 per call: bounded work
 local function expire(holders, info, now)
   local gone = redis.call('ZRANGEBYSCORE', holders, '-inf', now, 'LIMIT', 0, 100)
@@ -45,9 +45,9 @@ local function place(waiters, rank, now)
   return string.format('%.0f', at)
 end
 
-local skip_held = nil  -- a held waiter not handed a slot by this call (the caller)
+local skip_held = nil  -- a held waiter not handed a seat by this call (the caller)
 
--- hand a slot of funnel number `at` to held waiter `id` (its mark in `info`), kept for
+-- hand a seat of funnel number `at` to held waiter `id` (its mark in `info`), kept for
 -- it until its mark ends, and tell its worker; a waiter whose mark ended leaves the
 -- queue. True when handed.
 local function hand_held(holders, info, waiters, id, mark, now)
@@ -64,10 +64,10 @@ local function hand_held(holders, info, waiters, id, mark, now)
   return true
 end
 
--- free slots of funnel number `at` go to its first waiters, the most urgent then the
--- oldest: each gets its slot (held for ttl until it arrives; a held waiter's, until
+-- free seats of funnel number `at` go to its first waiters, the most urgent then the
+-- oldest: each gets its seat (held for ttl until it arrives; a held waiter's, until
 -- its mark ends); a parked one is returned, to be published at once, a held one is
--- told on its worker's channel. Waiters holding a slot already number at most n:
+-- told on its worker's channel. Waiters holding a seat already number at most n:
 -- 2n entries are read at a time, again after dropping dead held waiters (100 at most).
 local function promote(at, holders, info, waiters, n, now, ttl)
   local free = n - redis.call('ZCARD', holders)
@@ -98,7 +98,7 @@ local function promote(at, holders, info, waiters, n, now, ttl)
   end
 end
 
--- whether the holder entry `held` belongs to `token` ("*": any; "": a handed slot)
+-- whether the holder entry `held` belongs to `token` ("*": any; "": a handed seat)
 local function owns(held, token)
   if not held then
     return false
@@ -117,7 +117,7 @@ local function extend(reply, items)
   return reply
 end
 
--- "<funnel index>:<task id>" of each waiter handed a slot (but task `skip`) appended
+-- "<funnel index>:<task id>" of each waiter handed a seat (but task `skip`) appended
 -- to `reply`; returns it
 local function extend_promoted(reply, skip)
   for _, pair in ipairs(promoted) do

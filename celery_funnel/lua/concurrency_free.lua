@@ -1,13 +1,13 @@
--- concurrency_free.lua: a run ended (or an operator frees its slot): give its slots back
+-- concurrency_free.lua: a run ended (or an operator frees its seat): give its seats back
 -- and hand them to the first waiters. Idempotent: only the token's own entry goes.
 --
 -- KEYS       three per funnel (holders, info, waiters; see _concurrency.lua)
 -- ARGV[1]    task id
--- ARGV[2]    the run's token; "" gives up a slot handed to a waiter and its place in
---            the queue (it will not come); "*" frees the task's slot whatever its token
--- ARGV[3]    lease ttl, µs (for the slots handed on)
+-- ARGV[2]    the run's token; "" gives up a seat handed to a waiter and its place in
+--            the queue (it will not come); "*" frees the task's seat whatever its token
+-- ARGV[3]    lease ttl, µs (for the seats handed on)
 -- ARGV[4..]  per funnel: its concurrency n
--- Reply      {slots given back, "<funnel index>:<task id>" of each waiter handed a slot...}
+-- Reply      {seats given back, "<funnel index>:<task id>" of each waiter handed a seat...}
 
 local now = server_now()
 local id, token, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])

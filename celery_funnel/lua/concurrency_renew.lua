@@ -1,5 +1,5 @@
 -- concurrency_renew.lua: one worker renews every lease it holds, in one call, and sweeps the
--- funnels it knows for leases that ran out (their worker died): their slots go to the
+-- funnels it knows for leases that ran out (their worker died): their seats go to the
 -- first waiters (the most urgent, then the oldest).
 --
 -- KEYS       three per funnel (holders, info, waiters; see _concurrency.lua)
@@ -9,7 +9,7 @@
 -- Reply      {g, "<funnel index>:<task id>" of g leases no longer held (released by
 --             the task's own process, or by an operator), e, indexes (1-based) of the
 --             e funnels that hold nothing and queue nothing, "<funnel index>:<task
---             id>" of each waiter handed a slot...}
+--             id>" of each waiter handed a seat...}
 
 local now = server_now()
 local ttl = tonumber(ARGV[1])

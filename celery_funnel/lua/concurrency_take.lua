@@ -1,4 +1,4 @@
--- concurrency_take.lua: take a slot in every concurrency funnel of a task, all or none;
+-- concurrency_take.lua: take a seat in every concurrency funnel of a task, all or none;
 -- refused, a task held in its worker (a channel given) is queued as a held waiter.
 --
 -- KEYS       three per funnel (holders, info, waiters; see _concurrency.lua)
@@ -10,10 +10,10 @@
 -- ARGV[5]    how long its held waiter's mark lasts, µs (renewed at each of its looks)
 -- ARGV[6]    its priority rank, 0 (most urgent) .. 255 (the broker's order)
 -- ARGV[7..]  per funnel: its concurrency n
--- Reply      {1 when every slot is taken (0: none taken, the task must wait), now µs,
---             "<funnel index>:<task id>" of each parked waiter handed a slot by this
+-- Reply      {1 when every seat is taken (0: none taken, the task must wait), now µs,
+--             "<funnel index>:<task id>" of each parked waiter handed a seat by this
 --             call...}
--- A slot handed to this task while it waited counts as its own; a slot held by
+-- A seat handed to this task while it waited counts as its own; a seat held by
 -- another run of the same task id (a duplicate delivery) does not. A held waiter
 -- queued again keeps its first place: the order survives each look.
 
@@ -41,9 +41,9 @@ if taken then
   end
 else
   if channel ~= '' then
-    skip_held = id  -- a slot it gives back below goes to the next waiter
+    skip_held = id  -- a seat it gives back below goes to the next waiter
   end
-  -- a slot handed to it in one funnel is not kept while it waits for another
+  -- a seat handed to it in one funnel is not kept while it waits for another
   for i = 1, funnels do
     local holders, info, waiters = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
     if redis.call('HGET', info, id) == '' then

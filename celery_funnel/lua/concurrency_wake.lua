@@ -1,4 +1,4 @@
--- concurrency_wake.lua: parked tasks handed a concurrency slot: claim them for release now
+-- concurrency_wake.lua: parked tasks handed a concurrency seat: claim them for release now
 -- (the caller publishes them at once; the entry goes when a worker accepts the copy).
 --
 -- KEYS       the eight of _parked.lua
@@ -7,7 +7,7 @@
 -- ARGV[2]    a token unique to this call (the released copies carry it)
 -- ARGV[3..]  task ids
 -- Reply      {m, ids of the m tasks no longer parked (purged, or released and run: the
---             caller gives their slots up), id1, message1, id2, message2, ...}
+--             caller gives their seats up), id1, message1, id2, message2, ...}
 -- A task being released already (claimed) is left to its releaser.
 
 local now = server_now()

@@ -15,7 +15,7 @@ import redis
 
 from celery_funnel import RedisFunnel, control
 from celery_funnel._limiter.keys import limit_key
-from celery_funnel._stores.concurrency import LeaseStore, SlotFunnel
+from celery_funnel._stores.concurrency import ConcurrencyFunnel, ConcurrencyStore
 from celery_funnel._stores.park import ParkStore
 from celery_funnel.dashboard._state import funnel_state
 from tests.integration.proj import make_app
@@ -110,8 +110,8 @@ def test_a_busy_concurrency_funnel_can_be_inspected(
     redis_client.flushall()
     limits = json.dumps({"reports.*": {"concurrency": 3}})
     key = limit_key("funnel:", "reports.*")
-    store = LeaseStore(redis_client, "funnel:", 600.0)
-    lease, _ = store.acquire([SlotFunnel(3, key, "limit:reports.*")], "job-1", "w1@host")
+    store = ConcurrencyStore(redis_client, "funnel:", 600.0)
+    lease, _ = store.take([ConcurrencyFunnel(3, key, "limit:reports.*")], "job-1", "w1@host")
     assert lease is not None
     for name in ("limit:reports.*", key):  # "no funnel" before
         done = celery_funnel(redis_url, "inspect", name, "--json", FUNNEL_TEST_LIMITS=limits)

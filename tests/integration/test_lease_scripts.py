@@ -10,8 +10,8 @@ import uuid
 import pytest
 import redis
 
-from celery_funnel._limiter.keys import lease_keys, task_key
-from celery_funnel._stores.concurrency import HeldWaiter, LeaseStore, SlotFunnel
+from celery_funnel._limiter.keys import concurrency_keys, task_key
+from celery_funnel._stores.concurrency import ConcurrencyFunnel, ConcurrencyStore, HeldWaiter
 from celery_funnel._stores.park import ParkStore
 from celery_funnel._stores.store import text
 from tests.polling import wait_for
@@ -25,52 +25,54 @@ def prefix() -> str:
     return f"t{uuid.uuid4().hex[:8]}:"
 
 
-def slot_funnel(prefix: str, n: int, name: str = "job") -> SlotFunnel:
-    return SlotFunnel(n, task_key(prefix, name), name)
+def funnel(prefix: str, n: int, name: str = "job") -> ConcurrencyFunnel:
+    return ConcurrencyFunnel(n, task_key(prefix, name), name)
 
 
 def test_n_slots_then_waiters_in_arrival_order(redis_client: redis.Redis, prefix: str) -> None:
-    store = LeaseStore(redis_client, prefix, 30.0)
-    two = [slot_funnel(prefix, 2)]
-    a, _ = store.acquire(two, "a", "w1")
-    b, _ = store.acquire(two, "b", "w1")
+    store = ConcurrencyStore(redis_client, prefix, 30.0)
+    two = [funnel(prefix, 2)]
+    a, _ = store.take(two, "a", "w1")
+    b, _ = store.take(two, "b", "w1")
     assert a is not None
     assert b is not None
-    assert store.acquire(two, "c", "w2") == (None, [])  # full: nothing taken
-    assert store.enqueue(two, "c") == []
-    assert store.enqueue(two, "d") == []
-    assert store.enqueue(two, "c") == []  # queued again: keeps its place
+    assert store.take(two, "c", "w2") == (None, [])  # full: nothing taken
+    assert store.queue(two, "c") == []
+    assert store.queue(two, "d") == []
+    assert store.queue(two, "c") == []  # queued again: keeps its place
     assert store.waiting(two[0].key) == 2
-    assert store.release(two, "a", a.token) == (1, [(two[0], "c")])  # the oldest waiter
-    assert store.release(two, "a", a.token) == (0, [])  # once only
-    assert store.release(two, "b", "another run's token") == (0, [])
+    assert store.free(two, "a", a.token) == (1, [(two[0], "c")])  # the oldest waiter
+    assert store.free(two, "a", a.token) == (0, [])  # once only
+    assert store.free(two, "b", "another run's token") == (0, [])
     handed = {h.task_id: h for h in store.holders(two[0].key)}
     assert handed["c"].token == ""
     assert handed["b"].worker == "w1"
-    assert store.acquire(two, "e", "w2")[0] is None  # the slot is c's, not a newcomer's
-    c, _ = store.acquire(two, "c", "w2")
+    assert store.take(two, "e", "w2")[0] is None  # the slot is c's, not a newcomer's
+    c, _ = store.take(two, "c", "w2")
     assert c is not None  # the slot handed to it while parked
     assert store.waiting(two[0].key) == 1  # d still waits
-    assert store.acquire(two, "c", "w3")[0] is None  # a second run of c: no slot
+    assert store.take(two, "c", "w3")[0] is None  # a second run of c: no slot
 
 
 def test_all_or_none_over_several_funnels(redis_client: redis.Redis, prefix: str) -> None:
-    store = LeaseStore(redis_client, prefix, 30.0)
-    free, full = slot_funnel(prefix, 1, "free"), slot_funnel(prefix, 1, "full")
-    assert store.acquire([full], "x", "w")[0] is not None
-    assert store.acquire([free, full], "y", "w")[0] is None
+    store = ConcurrencyStore(redis_client, prefix, 30.0)
+    free, full = funnel(prefix, 1, "free"), funnel(prefix, 1, "full")
+    assert store.take([full], "x", "w")[0] is not None
+    assert store.take([free, full], "y", "w")[0] is None
     assert store.holders(free.key) == []  # nothing kept in the funnel that had room
 
 
 def test_a_lease_not_renewed_runs_out(redis_client: redis.Redis, prefix: str) -> None:
-    short = LeaseStore(redis_client, prefix, 0.2)
-    one = [slot_funnel(prefix, 1)]
+    short = ConcurrencyStore(redis_client, prefix, 0.2)
+    one = [funnel(prefix, 1)]
     held, _ = short.acquire(one, "dead", "w1")
     assert held is not None
     short.enqueue(one, "waiter")
-    promoted: list[tuple[SlotFunnel, str]] = []
+    promoted: list[tuple[ConcurrencyFunnel, str]] = []
 
-    def swept() -> list[tuple[SlotFunnel, str]]:  # another worker's renewal sweeps the funnel
+    def swept() -> list[
+        tuple[ConcurrencyFunnel, str]
+    ]:  # another worker's renewal sweeps the funnel
         promoted.extend(short.renew(one, {}).promoted)
         return promoted
 
@@ -80,25 +82,25 @@ def test_a_lease_not_renewed_runs_out(redis_client: redis.Redis, prefix: str) ->
 
 
 def test_one_call_renews_every_lease(redis_client: redis.Redis, prefix: str) -> None:
-    store = LeaseStore(redis_client, prefix, 30.0)
-    one, two = slot_funnel(prefix, 1, "one"), slot_funnel(prefix, 2, "two")
-    a, _ = store.acquire([one, two], "a", "w")
-    b, _ = store.acquire([two], "b", "w")
+    store = ConcurrencyStore(redis_client, prefix, 30.0)
+    one, two = funnel(prefix, 1, "one"), funnel(prefix, 2, "two")
+    a, _ = store.take([one, two], "a", "w")
+    b, _ = store.take([two], "b", "w")
     assert a is not None
     assert b is not None
     before = {h.task_id: h.expires for h in store.holders(two.key)}
-    store.release([two], "b", b.token)  # given back by the pool process that ran it
+    store.free([two], "b", b.token)  # given back by the pool process that ran it
     held = {one.key: [("a", a.token)], two.key: [("a", a.token), ("b", b.token)]}
     renewal = store.renew([one, two], held)
     assert renewal.gone == [(two.key, "b")]
     assert renewal.empty == []
     assert store.holders(two.key)[0].expires >= before["a"]
-    store.release([one, two], "a", a.token)
+    store.free([one, two], "a", a.token)
     assert store.renew([one, two], {}).empty == [one.key, two.key]
 
 
 def test_waiters_are_claimed_from_the_parked_index(redis_client: redis.Redis, prefix: str) -> None:
-    store, parked = LeaseStore(redis_client, prefix, 30.0), ParkStore(redis_client, prefix)
+    store, parked = ConcurrencyStore(redis_client, prefix, 30.0), ParkStore(redis_client, prefix)
     message = {"body": b"x", "meta": {"funnel": "job", "task": "job", "parked_at": 0.0}}
     assert parked.park("w1", 3600.0, message, "")
     missing, releases = store.wake(["w1", "gone"], 30.0)
@@ -114,18 +116,18 @@ def test_waiters_are_claimed_from_the_parked_index(redis_client: redis.Redis, pr
 def test_a_more_urgent_waiter_is_handed_a_slot_first(
     redis_client: redis.Redis, prefix: str
 ) -> None:
-    store = LeaseStore(redis_client, prefix, 30.0)
-    one = [slot_funnel(prefix, 1)]
-    a, _ = store.acquire(one, "a", "w1")
+    store = ConcurrencyStore(redis_client, prefix, 30.0)
+    one = [funnel(prefix, 1)]
+    a, _ = store.take(one, "a", "w1")
     assert a is not None
-    assert store.enqueue(one, "late", rank=9) == []
-    assert store.enqueue(one, "later", rank=9) == []
-    assert store.enqueue(one, "urgent", rank=0) == []  # sent last, the broker's first
-    assert store.enqueue(one, "late", rank=9) == []  # queued again: keeps its place
-    assert store.release(one, "a", a.token) == (1, [(one[0], "urgent")])
-    urgent, _ = store.acquire(one, "urgent", "w1")
+    assert store.queue(one, "late", rank=9) == []
+    assert store.queue(one, "later", rank=9) == []
+    assert store.queue(one, "urgent", rank=0) == []  # sent last, the broker's first
+    assert store.queue(one, "late", rank=9) == []  # queued again: keeps its place
+    assert store.free(one, "a", a.token) == (1, [(one[0], "urgent")])
+    urgent, _ = store.take(one, "urgent", "w1")
     assert urgent is not None
-    assert store.release(one, "urgent", urgent.token) == (1, [(one[0], "late")])
+    assert store.free(one, "urgent", urgent.token) == (1, [(one[0], "late")])
 
 
 def test_held_waiters_are_handed_seats_in_refusal_order_and_told(
@@ -135,31 +137,31 @@ def test_held_waiters_are_handed_seats_in_refusal_order_and_told(
     refused (a burst within one ms included), a freed seat goes to the first and is
     published on its worker's channel (not returned: nothing to publish from the
     broker), and it takes its seat; a second look keeps its place."""
-    store = LeaseStore(redis_client, prefix, 30.0)
-    one = [slot_funnel(prefix, 1)]
+    store = ConcurrencyStore(redis_client, prefix, 30.0)
+    one = [funnel(prefix, 1)]
     channel = f"{prefix}{{~handed}}#w1"
     held = HeldWaiter(channel, 5.0)
-    first, _ = store.acquire(one, "first", "w1", held=held)
+    first, _ = store.take(one, "first", "w1", held=held)
     assert first is not None
     names = [f"t{n:02d}" for n in range(20)][::-1]  # refused in an order no sort gives
     for name in names:
-        assert store.acquire(one, name, "w1", held=held) == (None, [])
-    assert store.acquire(one, names[3], "w1", held=held) == (None, [])  # looks again
-    queued = redis_client.zrange(lease_keys(one[0].key)[2], 0, -1)
+        assert store.take(one, name, "w1", held=held) == (None, [])
+    assert store.take(one, names[3], "w1", held=held) == (None, [])  # looks again
+    queued = redis_client.zrange(concurrency_keys(one[0].key).waiters, 0, -1)
     assert [text(i) for i in queued] == names
     pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe(channel)
     wait_for(lambda: pubsub.get_message(timeout=0.1) is None, 5)  # subscribed
-    assert store.release(one, "first", first.token) == (1, [])  # told, not returned
+    assert store.free(one, "first", first.token) == (1, [])  # told, not returned
     message = pubsub.get_message(timeout=2.0)
     assert message is not None
     assert message["data"] == names[0].encode()
     (handed,) = store.holders(one[0].key)  # `celery funnel status` names its worker
     assert (handed.task_id, handed.worker, handed.held_by) == (names[0], "", "w1")
-    assert store.acquire(one, names[1], "w1", held=held)[0] is None  # the seat is t19's
-    lease, _ = store.acquire(one, names[0], "w1", held=held)
+    assert store.take(one, names[1], "w1", held=held)[0] is None  # the seat is t19's
+    lease, _ = store.take(one, names[0], "w1", held=held)
     assert lease is not None
-    info = redis_client.hgetall(lease_keys(one[0].key)[1])
+    info = redis_client.hgetall(concurrency_keys(one[0].key).info)
     assert f"held:{names[0]}".encode() not in info  # its mark went with its place
     pubsub.close()
 
@@ -170,17 +172,17 @@ def test_a_held_waiter_whose_worker_stopped_looking_leaves_the_queue(
     """A held waiter's mark lasts what its worker said past its last look: once it
     ended (the worker died), a freed seat skips it for the next waiter, and it is gone
     from the queue; one given up (``release`` with "") goes with its mark."""
-    store = LeaseStore(redis_client, prefix, 30.0)
-    one = [slot_funnel(prefix, 1)]
-    lease, _ = store.acquire(one, "run", "w1")
+    store = ConcurrencyStore(redis_client, prefix, 30.0)
+    one = [funnel(prefix, 1)]
+    lease, _ = store.take(one, "run", "w1")
     assert lease is not None
-    assert store.acquire(one, "dead", "w1", held=HeldWaiter("c1", 0.05))[0] is None
-    assert store.acquire(one, "live", "w2", held=HeldWaiter("c2", 5.0))[0] is None
-    assert store.acquire(one, "gone", "w2", held=HeldWaiter("c2", 5.0))[0] is None
+    assert store.take(one, "dead", "w1", held=HeldWaiter("c1", 0.05))[0] is None
+    assert store.take(one, "live", "w2", held=HeldWaiter("c2", 5.0))[0] is None
+    assert store.take(one, "gone", "w2", held=HeldWaiter("c2", 5.0))[0] is None
     time.sleep(0.1)  # the dead waiter's worker stops looking (a fault, not a wait)
-    store.release(one, "gone", "")
-    assert store.release(one, "run", lease.token) == (1, [])
+    store.free(one, "gone", "")
+    assert store.free(one, "run", lease.token) == (1, [])
     assert [h.task_id for h in store.holders(one[0].key)] == ["live"]
     assert store.waiting(one[0].key) == 1  # live only: dead dropped, gone given up
-    fields = {text(f) for f in redis_client.hkeys(lease_keys(one[0].key)[1])}
+    fields = {text(f) for f in redis_client.hkeys(concurrency_keys(one[0].key).info)}
     assert fields == {"live", "held:live"}

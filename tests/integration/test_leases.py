@@ -25,7 +25,7 @@ import redis
 from celery import Celery
 
 from celery_funnel._limiter.keys import task_key
-from celery_funnel._stores.concurrency import Holder, LeaseStore, SlotFunnel
+from celery_funnel._stores.concurrency import ConcurrencyFunnel, ConcurrencyStore, Holder
 from celery_funnel.dashboard._state import funnel_state
 from celery_funnel.testing import CeleryWorkers, RedisServer, peak
 from tests.integration.lease_proj import ENDS, STARTS, make_app
@@ -52,7 +52,7 @@ class Cluster:
     def __init__(self, url: str, app: Celery, group: CeleryWorkers) -> None:
         self.url, self.app, self.workers = url, app, group
         self.client = redis.Redis.from_url(url)
-        self.store = LeaseStore(self.client, PREFIX, 30.0)
+        self.store = ConcurrencyStore(self.client, PREFIX, 30.0)
 
     def records(self, which: str) -> list[dict[str, Any]]:
         return [json.loads(item) for item in self.client.lrange(which, 0, -1)]
@@ -200,7 +200,7 @@ def ends(cluster: Cluster) -> Iterator[Cluster]:
     yield cluster
     key = task_key(PREFIX, "leases.ends")
     for holder in cluster.holders("leases.ends"):
-        cluster.store.release([SlotFunnel(1, key, "leases.ends")], holder.task_id, "*")
+        cluster.store.free([ConcurrencyFunnel(1, key, "leases.ends")], holder.task_id, "*")
 
 
 @pytest.mark.parametrize("how", ENDINGS)

@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from celery_funnel._limiter.keys import task_key
-from celery_funnel._stores.concurrency import LeaseStore, SlotFunnel
+from celery_funnel._stores.concurrency import ConcurrencyFunnel, ConcurrencyStore
 from celery_funnel._stores.park import ParkStore
 from celery_funnel.testing import CeleryWorkers, RedisServer
 from tests.integration.fair_proj import fair_runs, make_fair_app
@@ -31,7 +31,7 @@ LEASES, FAIR = "tests.integration.lease_proj", "tests.integration.fair_proj"
 LEASES, FAIR = "tests.integration.lease_proj", "tests.integration.fair_proj"
 # the point of each crash: after the task's entry is parked (and before its message is
 # acked), before it is queued
-BEFORE_A_SEAT_QUEUE = "celery_funnel._gate.concurrency:SlotFunnels.queue"
+BEFORE_A_SEAT_QUEUE = "celery_funnel._gate.concurrency:Concurrency.queue"
 BEFORE_A_TENANT_QUEUE = "celery_funnel._shared.fair:Queues.queue"
 # the entry waits QUEUE_GRACE_SECONDS (10 s) when its queueing never came; a releaser's
 # pass, the broker's redelivery of what the dead worker held (5 s) and the run on top
@@ -67,9 +67,9 @@ def test_a_waiter_whose_worker_died_before_queueing_it_runs_once(server: RedisSe
     worker dies between parking it and queueing it. The seat is given back; a second
     worker runs the task once."""
     url, client = server.url, redis.Redis.from_url(server.url)
-    seat = [SlotFunnel(1, task_key(PREFIX, "leases.ends"), "leases.ends")]
-    leases = LeaseStore(client, PREFIX, 300.0)
-    held, _ = leases.acquire(seat, "someone", "the test")
+    seat = [ConcurrencyFunnel(1, task_key(PREFIX, "leases.ends"), "leases.ends")]
+    leases = ConcurrencyStore(client, PREFIX, 300.0)
+    held, _ = leases.take(seat, "someone", "the test")
     assert held is not None
     app = make_lease_app(url, url, "q")
     dying = group(LEASES, url, "q", "d", FUNNEL_TEST_DIE_AT=BEFORE_A_SEAT_QUEUE)
@@ -81,7 +81,7 @@ def test_a_waiter_whose_worker_died_before_queueing_it_runs_once(server: RedisSe
             waiter = app.send_task("leases.ends", ("success",), ignore_result=True)
             wait_for(lambda: dying.processes[0].poll() is not None, 30)
         assert ParkStore(client, PREFIX).count() == 1, "it died with the task parked"
-        leases.release(seat, "someone", held.token)
+        leases.free(seat, "someone", held.token)
         with survivor:
             survivor.wait_ready()
             wait_for(lambda: ids(client, ENDS) == [waiter.id], FOUND_WITHIN)

@@ -26,7 +26,7 @@ from kombu.entity import Queue
 
 from celery_funnel import control
 from celery_funnel._config.runtime import runtime_for
-from celery_funnel._limiter.keys import lease_keys
+from celery_funnel._limiter.keys import concurrency_keys
 from celery_funnel.testing import CeleryWorkers, RedisServer
 from tests.faults.proxy import Proxy
 from tests.integration.broker_proj import broker_runs, make_broker_app, send_many
@@ -83,7 +83,7 @@ class Rabbit:
 
     def held_by(self, worker: str) -> int:
         """How many held waiters of ``bp.seat`` worker ``worker`` (``w1``...) holds."""
-        info = lease_keys(runtime_for(self.app).task_key("bp.seat", ""))[1]
+        info = concurrency_keys(runtime_for(self.app).task_key("bp.seat", "")).info
         with redis.Redis.from_url(self.funnels.url, decode_responses=True) as client:
             marks = client.hgetall(info)
         return sum(
@@ -93,7 +93,7 @@ class Rabbit:
 
     def marks(self) -> int:
         """How many fields the seats' info of ``bp.seat`` keeps (holders, held marks)."""
-        info = lease_keys(runtime_for(self.app).task_key("bp.seat", ""))[1]
+        info = concurrency_keys(runtime_for(self.app).task_key("bp.seat", "")).info
         with redis.Redis.from_url(self.funnels.url) as client:
             return int(client.hlen(info))
 
@@ -112,7 +112,7 @@ class Rabbit:
 
     def seats(self) -> tuple[int, int]:
         """The seats of ``bp.seat`` taken (held or handed), and its waiters."""
-        holders, _, waiters = lease_keys(runtime_for(self.app).task_key("bp.seat", ""))
+        holders, _, waiters = concurrency_keys(runtime_for(self.app).task_key("bp.seat", ""))
         with redis.Redis.from_url(self.funnels.url) as client:
             return int(client.zcard(holders)), int(client.zcard(waiters))
 

@@ -13,11 +13,11 @@ from celery_funnel._celery.checks import check_app
 from celery_funnel._config.options import concurrency_of, limits_of, option_of
 from celery_funnel._config.runtime import runtime_for
 from celery_funnel._config.settings import FunnelSettings
-from celery_funnel._limiter.concurrency import Concurrency
-from celery_funnel._limiter.keys import lease_keys, parse_key, task_key
+from celery_funnel._limiter.concurrency import ConcurrencyLimit
+from celery_funnel._limiter.keys import concurrency_keys, parse_key, task_key
 from celery_funnel._limiter.limit import key_part
 from celery_funnel._limiter.rate import Rate
-from celery_funnel._stores.concurrency import Lease, SlotFunnel
+from celery_funnel._stores.concurrency import ConcurrencyFunnel, Lease
 
 
 def settings(limits: Any, **conf: Any) -> FunnelSettings:
@@ -31,7 +31,10 @@ def test_concurrency_in_funnel_limits_alone_or_with_a_rate() -> None:
         "api.*": {"concurrency": 5},
         "emails.*": {"rate": "10/s", "concurrency": 2, "scope": "worker"},
     })  # fmt: skip
-    assert read.concurrency == (Concurrency(5, "api.*"), Concurrency(2, "emails.*", "worker"))
+    assert read.concurrency == (
+        ConcurrencyLimit(5, "api.*"),
+        ConcurrencyLimit(2, "emails.*", "worker"),
+    )
     assert [limit.pattern for limit in read.limits] == ["emails.*"]
     assert read.limits[0].scope == "worker"
     assert read.lease_ttl == 30.0
@@ -111,7 +114,9 @@ def test_bad_task_options_fail_at_the_decorator(options: dict[str, Any], message
 
 def test_a_lease_travels_in_the_header() -> None:
     lease = Lease(
-        "id-1", "token", (SlotFunnel(3, "funnel:{t}", "t"), SlotFunnel(1, "funnel:{limit:*}", "l"))
+        "id-1",
+        "token",
+        (ConcurrencyFunnel(3, "funnel:{t}", "t"), ConcurrencyFunnel(1, "funnel:{limit:*}", "l")),
     )
     assert Lease.from_header("id-1", lease.header()) == lease
     assert Lease.from_header("id-1", {"gate": "h:1"}) is None
@@ -120,7 +125,9 @@ def test_a_lease_travels_in_the_header() -> None:
 
 def test_lease_keys_share_the_funnels_slot_and_parse() -> None:
     key = task_key("funnel:", "t.run", "c1")
-    for companion, part in zip(lease_keys(key), ("leases", "lease-info", "waiters"), strict=True):
+    for companion, part in zip(
+        concurrency_keys(key), ("leases", "lease-info", "waiters"), strict=True
+    ):
         parsed = parse_key("funnel:", companion)
         assert parsed is not None
         assert (parsed.funnel, parsed.companion, parsed.name) == (key, part, "t.run:c1")

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from celery_funnel._celery.concurrency_handoff import HandOffs
+from celery_funnel._celery.concurrency_handoff import HandOffListener
 from celery_funnel._gate.held import Held
 from celery_funnel._gate.nudge import Nudge
 from celery_funnel._limiter.keys import handed_channel
@@ -116,7 +116,7 @@ class PubSub:
 def test_the_listener_wakes_each_waiter_told_of_and_subscribes_again_after_a_failure(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(HandOffs, "error_pause", 0.01)
+    monkeypatch.setattr(HandOffListener, "error_pause", 0.01)
     messages: queue.Queue[dict[str, Any]] = queue.Queue()
     made: list[PubSub] = []
 
@@ -125,7 +125,9 @@ def test_the_listener_wakes_each_waiter_told_of_and_subscribes_again_after_a_fai
         return made[-1]
 
     woken: list[list[str]] = []
-    listener = HandOffs(lambda: SimpleNamespace(pubsub=pubsub), "app:", "w1@host", woken.append)
+    listener = HandOffListener(
+        lambda: SimpleNamespace(pubsub=pubsub), "app:", "w1@host", woken.append
+    )
     assert listener.channel == handed_channel("app:", "w1@host") == "app:{~handed}#w1@host"
     listener.start()
     listener.start()  # once

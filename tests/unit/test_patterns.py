@@ -12,7 +12,7 @@ from celery import Celery
 from celery_funnel import ConfigurationError, install
 from celery_funnel._celery.checks import check_app
 from celery_funnel._config.settings import FunnelSettings
-from celery_funnel._limiter.concurrency import Concurrency
+from celery_funnel._limiter.concurrency import ConcurrencyLimit
 from celery_funnel._shared.charges import matching
 
 
@@ -61,15 +61,17 @@ from celery_funnel._shared.charges import matching
     ],
 )
 def test_a_pattern_matches_task_names_as_a_glob(pattern: str, name: str, matches: bool) -> None:
-    entry = Concurrency(1, pattern)
+    entry = ConcurrencyLimit(1, pattern)
     assert matching([entry], name) == ((entry,) if matches else ())
 
 
 def test_every_matching_entry_in_order() -> None:
-    entries = [Concurrency(1, p) for p in ("*", "sms.*", "emails.*", "emails.send", "emails.?")]
+    entries = [
+        ConcurrencyLimit(1, p) for p in ("*", "sms.*", "emails.*", "emails.send", "emails.?")
+    ]
     assert [e.pattern for e in matching(entries, "emails.send")] == ["*", "emails.*", "emails.send"]
     assert [e.pattern for e in matching(entries, "sms.x")] == ["*", "sms.*"]
-    assert matching([Concurrency(1, None)], "emails.send") == (), "a task's own: no pattern"
+    assert matching([ConcurrencyLimit(1, None)], "emails.send") == (), "a task's own: no pattern"
 
 
 def test_funnel_limits_read_from_settings_match_as_globs() -> None:
