@@ -18,7 +18,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from celery.worker import state as worker_state
@@ -26,9 +26,7 @@ from celery.worker import state as worker_state
 from .._config.runtime import runtime_for
 from .._limiter.errors import BackendError
 from .._limiter.keys import hash_tag
-from .._shared.state import HEADER
-from .._stores.concurrency import ConcurrencyFunnel, ConcurrencyStore, Handed, Lease, header_of
-from .._stores.park import Release
+from .._stores.concurrency import ConcurrencyFunnel, ConcurrencyStore, Handed, Lease
 from .release import publish
 
 __all__ = ["ATTRIBUTE", "RenewalService", "alive", "renewal_for"]
@@ -152,7 +150,7 @@ class RenewalService:
                 where.setdefault(task_id, []).append(funnel)
             missing, releases = self.store.wake(list(where), self.park_lease)
             for release in releases:  # the entry goes when a worker accepts the copy
-                publish(self.app, _promised(release, where[release.task_id]))
+                publish(self.app, release, promised=where[release.task_id])
             handed = []
             for task_id in missing:
                 handed += self.store.free(where[task_id], task_id, "")[1]
@@ -227,13 +225,6 @@ def alive(request: Callable[[], Any]) -> bool:
     if found is None:
         return False
     return found in worker_state.reserved_requests or found in worker_state.active_requests
-
-
-def _promised(release: Release, funnels: Sequence[ConcurrencyFunnel]) -> Release:
-    """``release`` with the funnels whose seat it was handed in its header."""
-    headers = dict(release.message["headers"])
-    headers[HEADER] = {**(headers.get(HEADER) or {}), "promised": header_of(funnels)}
-    return Release(release.task_id, release.token, {**release.message, "headers": headers})
 
 
 def renewal_for(app: Any, worker: str = "") -> RenewalService:

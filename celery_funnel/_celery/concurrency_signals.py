@@ -15,8 +15,7 @@ from typing import Any
 from celery import signals
 
 from .._config.runtime import runtime_for
-from .._shared.state import HEADER
-from .._stores.concurrency import Lease
+from .._shared.state import State
 from .concurrency_renewal import ATTRIBUTE, RenewalService, renewal_for
 
 __all__ = ["connect"]
@@ -30,14 +29,8 @@ def _renewal_of(task: Any) -> RenewalService | None:
     return renewal_for(app)
 
 
-def _lease_in(task: Any, task_id: str) -> Lease | None:
-    request = getattr(task, "request", None)
-    header = getattr(request, HEADER, None) or (getattr(request, "headers", None) or {}).get(HEADER)
-    return Lease.from_header(task_id, header)
-
-
 def _on_postrun(sender: Any = None, task_id: str = "", **_: Any) -> None:
-    lease = _lease_in(sender, task_id)
+    lease = State.of_run(getattr(sender, "request", None)).lease
     if lease is not None and runtime_for(sender.app).installed:
         renewal_for(sender.app).end(task_id, lease)
 

@@ -97,7 +97,7 @@ def defer(
     if moved:
         republish(
             task, request, args, kwargs, countdown=countdown,
-            state={**requeued(step.state, countdown), "release": token},
+            state=requeued(step.state._replace(release=token), countdown),
             content_type=properties.get("content_type"),
         )  # fmt: skip
     runtime.observer.quiet_ignored(request.id)

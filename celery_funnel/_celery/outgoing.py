@@ -41,7 +41,15 @@ from .._config.runtime import runtime_for
 from .._shared.charges import matching
 from .._shared.follow import FOLLOWS
 from .._shared.publish import gate_publishes
-from .._shared.state import HEADER, SEND, send_mark
+from .._shared.state import (
+    SEND,
+    State,
+    carries_state,
+    drop_state,
+    put_state,
+    release_only,
+    send_mark,
+)
 
 __all__ = ["connect"]
 
@@ -57,21 +65,20 @@ def _on_before_publish(sender: Any = None, headers: Any = None, **_: Any) -> Non
     lineage = own_id and not send_mark(task.request)  # a run of a producer without marks
     if not lineage:  # a send of its own (a mark copied from a run's headers is not its own)
         headers[SEND] = uuid.uuid4().hex
-    if (HEADER not in headers and not own_id) or not runtime_for(task.app).installed:
+    if (not carries_state(headers) and not own_id) or not runtime_for(task.app).installed:
         return  # most messages
-    headers.pop(HEADER, None)
+    drop_state(headers)
     if own_id:  # a retry of a follower that runs its own body follows nothing
         headers.pop(FOLLOWS, None)
     release = _lineage(task, str(headers.get("task") or sender)) if lineage else ""
     if release:
-        headers[HEADER] = {"release": release}
+        put_state(headers, release_only(release))
 
 
 def _lineage(task: Any, name: str) -> str:
     """The release token that a message of the run's own task id, task ``name``, keeps:
     the one the run came with, when a gate may park that task ("" for none)."""
-    header = (task.request.headers or {}).get(HEADER) or {}
-    release = str(header.get("release") or "")
+    release = State.from_headers(task.request.headers).release
     return release if release and _parkable(task.app, name) else ""
 
 

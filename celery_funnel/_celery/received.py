@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._shared.delivery import RECEIVED_AT
-from .._shared.state import HEADER
+from .._shared.state import carries_state
 
 __all__ = ["ReceivedOnce"]
 
@@ -66,7 +66,7 @@ class ReceivedOnce:
             # the broker counts its redelivery limit from now (an ETA message included)
             setattr(message, RECEIVED_AT, time.monotonic())
             headers = getattr(message, "headers", None) or {}
-            if HEADER not in headers:  # most messages: a task's first delivery
+            if not carries_state(headers):  # most messages: a task's first delivery
                 return strategy(message, *args, **kwargs)
             self.returning = headers.get("id")
             try:

@@ -31,10 +31,10 @@ from .._shared.charges import Charge, Charges, OwnCharges
 from .._shared.fair import fair_of
 from .._shared.follow import follows_of
 from .._shared.publish import gate_publishes
-from .._shared.state import HEADER, admitted_by_gate
+from .._shared.state import admitted_by_gate
 from . import backlog, debounce, feedback, in_task, unique
 
-__all__ = ["HEADER", "FunnelTask", "limits_of", "own_charges"]
+__all__ = ["FunnelTask", "limits_of", "own_charges"]
 
 logger = logging.getLogger("celery_funnel")
 

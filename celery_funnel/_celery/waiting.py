@@ -10,7 +10,7 @@ from typing import Any
 
 from .._gate.gate import WorkerGate
 from .._shared.charges import label_of
-from .._shared.state import HEADER, State
+from .._shared.state import State, carries_state
 
 __all__ = ["register", "waiting"]
 
@@ -29,7 +29,7 @@ def waiting(consumer: Any) -> list[dict[str, Any]]:
         args = getattr(waiting_entry.entry, "args", None) or ()
         scheduled: Any = args[0] if args else None
         headers = getattr(scheduled, "request_dict", None)
-        if not isinstance(headers, dict) or HEADER not in headers or scheduled.id in ids:
+        if not isinstance(headers, dict) or not carries_state(headers) or scheduled.id in ids:
             continue
         found.append(_row(scheduled, "republished", "", State.from_headers(headers)))
     return sorted(found, key=lambda row: row["eta"] or "")

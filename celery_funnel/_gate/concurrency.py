@@ -28,14 +28,12 @@ from .._shared.charges import matching
 from .._shared.judge import Ruling, on_outage
 from .._shared.live import live_for
 from .._shared.overrides import concurrency_for
-from .._shared.state import HEADER
 from .._stores.concurrency import (
     ConcurrencyFunnel,
     ConcurrencyStore,
     Handed,
     HeldWaiter,
     Lease,
-    funnels_in_header,
 )
 from .arrival import Arrival
 from .parking import Parking
@@ -133,19 +131,20 @@ class Concurrency:
 
     def take(
         self, request: Any, funnels: Sequence[ConcurrencyFunnel], *, held: bool = False,
-        rank: int = 0,
+        rank: int = 0, promised: Sequence[ConcurrencyFunnel] = (),
     ) -> Lease | None:  # fmt: skip
         """Take every seat of ``funnels`` for ``request``: the lease, or None when it
         must wait (nothing taken; ``held``: it waits in this worker, queued as a held
-        waiter of priority ``rank``, where a hand-off listener can wake it).
+        waiter of priority ``rank``, where a hand-off listener can wake it). Seats
+        ``promised`` to it (handed while it waited parked) that it does not need here
+        are given up.
 
         Raises:
             BackendError: when Redis fails.
         """
         self.runtime.outage.check()  # no call waits on a Redis known to fail
         renewal = self.renewal
-        promised = (request.request_dict.get(HEADER) or {}).get("promised")
-        elsewhere = [s for s in funnels_in_header(promised) if s not in funnels]
+        elsewhere = [s for s in promised if s not in funnels]
         if elsewhere:  # handed a seat another worker counts: give it up there
             renewal.hand_on(renewal.store.free(elsewhere, request.id, "")[1])
         token = uuid.uuid4().hex
@@ -234,7 +233,10 @@ class Seats:
         """
         try:
             held, rank = not self.parking.on, arrival.subject.rank or 0
-            lease = self.concurrency.take(arrival.request, arrival.seats, held=held, rank=rank)
+            lease = self.concurrency.take(
+                arrival.request, arrival.seats, held=held, rank=rank,
+                promised=arrival.state.promised,
+            )  # fmt: skip
         except BackendError as error:
             return None, self._outage(arrival, error)
         if lease is None:

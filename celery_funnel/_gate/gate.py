@@ -39,7 +39,7 @@ from .._shared.follow import Follow, Next, follows_of
 from .._shared.judge import RUN, Ruling, judge, waiting
 from .._shared.live import live_for
 from .._shared.publish import republish
-from .._shared.state import HEADER, State, gate_mark
+from .._shared.state import State, put_state
 from .._stores.concurrency import Lease
 from .allowance import Allowances
 from .arrival import Arrival, TaskOptions, subject_of
@@ -262,8 +262,7 @@ class WorkerGate:
                 self.concurrency.free(lease)
             self.held.forget(request)
             return hand_back(request, "its delivery's deadline passed before it could start")
-        more = lease.header() if lease is not None else {}
-        request.request_dict[HEADER] = arrival.state.header(gate=gate_mark(), **more)
+        put_state(request.request_dict, arrival.state.admitted(lease))
         self.copies.watch_ack(request, arrival.state)
         if lease is not None:
             self.concurrency.started(lease, request)

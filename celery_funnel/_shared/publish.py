@@ -28,7 +28,7 @@ from kombu.pools import ProducerPool
 from kombu.serialization import registry
 
 from .._stores.park import ParkStore, capture
-from .state import HEADER, send_mark
+from .state import put_state, send_mark
 
 __all__ = [
     "PUBLISH_TIMEOUT_SECONDS", "gate_publishes", "gate_publishing", "message_options",
@@ -120,10 +120,8 @@ def _signature(
 ) -> Any:
     """The task's run described by ``context``, to publish again: everything it was
     sent with, ``state`` as the ``celery_funnel`` header."""
-    headers = {
-        k: v for k, v in (context.headers or {}).items() if k not in _NOT_CARRIED and k != HEADER
-    }
-    headers[HEADER] = dict(state)
+    headers = {k: v for k, v in (context.headers or {}).items() if k not in _NOT_CARRIED}
+    put_state(headers, dict(state))  # in place of the header it came with
     # Published with ignore_result=True, the header saying what the task was sent with:
     # the worker reads the header, and this publish subscribes to no result (Celery's
     # result consumer would listen for every deferred task in the publishing thread).

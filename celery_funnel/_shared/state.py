@@ -1,15 +1,22 @@
 """What the ``celery_funnel`` header carries from one delivery of a task to the next,
-and the mark the worker gate leaves on the runs it admitted."""
+and the mark the worker gate leaves on the runs it admitted. This module is the
+header's one owner: it reads every field (``State``) and builds every value written;
+other modules ask it (``carries_state``, ``put_state``, ``drop_state``)."""
 
 from __future__ import annotations
 
 import functools
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any, NamedTuple
 
-__all__ = ["HEADER", "SEND", "State", "admitted_by_gate", "gate_mark", "requeued", "send_mark"]
+from .._stores.concurrency import ConcurrencyFunnel, Lease
+
+__all__ = [
+    "HEADER", "SEND", "State", "admitted_by_gate", "carries_state", "drop_state", "gate_mark",
+    "put_state", "release_only", "requeued", "send_mark",
+]  # fmt: skip
 
 # the message header the gate writes and reads: this module owns it (what it carries,
 # ``State``; the gate's mark); only the gate's own publishes carry it (``_celery.outgoing``)
@@ -21,7 +28,10 @@ _HOST = socket.gethostname()  # read once: the gate marks every run it admits
 
 
 class State(NamedTuple):
-    """What the ``celery_funnel`` header carries from one delivery of a task to the next."""
+    """What the ``celery_funnel`` header carries from one delivery of a task to the
+    next (the fields up to ``release``, written again by every publish: ``header``),
+    and what one delivery carries for itself alone (``lease``, ``promised``: written
+    only where they are made, never carried on)."""
 
     deferrals: int = 0  # times deferred so far
     booked: bool = False  # a slot is booked under the task id
@@ -31,13 +41,32 @@ class State(NamedTuple):
     waited: float = 0.0  # the countdown this message was published with (seconds)
     requeues: int = 0  # times published again (holds in a worker are not counted)
     release: str = ""  # the token of the parked release this copy came from, if any
+    # the seats its run holds, for the process that runs it to free them (``admitted``)
+    lease: Lease | None = None
+    # seats handed to it while it waited parked (``released``): a worker that does not
+    # count one of them gives it up
+    promised: tuple[ConcurrencyFunnel, ...] = ()
 
     @classmethod
     def from_headers(cls, headers: Mapping[str, Any] | None) -> State:
-        """The state in a message's headers (a fresh one when absent)."""
+        """The state in a message's headers (a fresh one when absent); its lease is
+        read under the headers' task ``id``."""
         raw = (headers or {}).get(HEADER)
         if not raw:  # a first arrival: most tasks
             return FRESH
+        return cls._read(raw, str((headers or {}).get("id") or ""))
+
+    @classmethod
+    def of_run(cls, context: Any) -> State:
+        """The state of a running task's request (a Celery ``Context``): the header is
+        one of its attributes, or in its ``headers``."""
+        raw = getattr(context, HEADER, None) or (getattr(context, "headers", None) or {}).get(
+            HEADER
+        )
+        return cls._read(raw, str(getattr(context, "id", "") or "")) if raw else FRESH
+
+    @classmethod
+    def _read(cls, raw: Mapping[str, Any], task_id: str) -> State:
         return cls(
             int(raw.get("deferrals", 0)),
             bool(raw.get("booked")),
@@ -47,15 +76,62 @@ class State(NamedTuple):
             float(raw.get("waited", 0.0)),
             int(raw.get("requeues", 0)),
             str(raw.get("release") or ""),
+            _lease(task_id, raw.get("lease")),
+            _funnels(raw.get("promised")),
         )
 
-    def header(self, **more: Any) -> dict[str, Any]:
-        """The header value (JSON-safe), with ``more`` fields. A first arrival's state
-        (``FRESH``, most runs) writes only ``more``: a field left out reads as its
-        default (``from_headers``), and the header travels to the pool with every run."""
+    def header(self) -> dict[str, Any]:
+        """The header value (JSON-safe) of what is carried from one delivery to the
+        next. A first arrival's state (``FRESH``, most runs) writes nothing: a field
+        left out reads as its default (``from_headers``), and the header travels to the
+        pool with every run."""
         if self is FRESH:
-            return more
-        return {**self._asdict(), "passed": list(self.passed), **more}
+            return {}
+        return {
+            "deferrals": self.deferrals, "booked": self.booked, "stale": self.stale,
+            "outages": self.outages, "passed": list(self.passed), "waited": self.waited,
+            "requeues": self.requeues, "release": self.release,
+        }  # fmt: skip
+
+    def admitted(self, lease: Lease | None, mark: str | None = None) -> dict[str, Any]:
+        """The header of a run the worker gate admitted: what it carries, the gate's
+        ``mark`` (``gate_mark()`` when None) and the ``lease`` of its seats, if it
+        holds any."""
+        header = self.header()
+        header["gate"] = gate_mark() if mark is None else mark
+        if lease is not None:
+            # "seats": the header's name before 0.4, kept: messages in flight carry it
+            header["lease"] = {"token": lease.token, "seats": _written(lease.funnels)}
+        return header
+
+    def released(self, token: str, promised: Sequence[ConcurrencyFunnel] = ()) -> dict[str, Any]:
+        """The header of a parked copy released to run: what it carries, the ``token``
+        of its release, and the seats ``promised`` to it (handed while it waited)."""
+        header = self.header()
+        header["release"] = token
+        if promised:
+            header["promised"] = _written(promised)
+        return header
+
+
+def _funnels(raw: Any) -> tuple[ConcurrencyFunnel, ...]:
+    """Concurrency funnels as the header carries them (``[[n, key, label], ...]``;
+    anything else, none: every reader of the header reads this field)."""
+    if not isinstance(raw, list):
+        return ()
+    return tuple(ConcurrencyFunnel(int(n), str(key), str(label)) for n, key, label in raw)
+
+
+def _written(funnels: Sequence[ConcurrencyFunnel]) -> list[list[Any]]:
+    """``funnels`` as the header carries them."""
+    return [[funnel.n, funnel.key, funnel.label] for funnel in funnels]
+
+
+def _lease(task_id: str, raw: Any) -> Lease | None:
+    """The lease a header's ``lease`` field carries (None when it carries none)."""
+    if not isinstance(raw, dict) or not raw.get("token"):
+        return None
+    return Lease(task_id, str(raw["token"]), _funnels(raw.get("seats")))
 
 
 FRESH = State()  # a first arrival's state (immutable: one for all)
@@ -91,6 +167,28 @@ def admitted_by_gate(headers: Mapping[str, Any] | None) -> bool:
 def requeued(state: State, countdown: float) -> dict[str, Any]:
     """The header of a run published again with ``countdown``."""
     return state._replace(waited=countdown, requeues=state.requeues + 1).header()
+
+
+def release_only(token: str) -> dict[str, Any]:
+    """The header of a message a run sends of its own task id: only the token of the
+    copy it came from (``_celery.outgoing``)."""
+    return {"release": token}
+
+
+def carries_state(headers: Mapping[str, Any]) -> bool:
+    """Whether a message's ``headers`` carry the gate's header."""
+    return HEADER in headers
+
+
+def drop_state(headers: MutableMapping[str, Any]) -> None:
+    """Take the gate's header out of a message's ``headers``."""
+    headers.pop(HEADER, None)
+
+
+def put_state(headers: MutableMapping[str, Any], header: dict[str, Any]) -> None:
+    """Put ``header`` (built here: ``State.header``, ``admitted``, ``released``,
+    ``requeued``, ``release_only``) into a message's ``headers`` as the gate's header."""
+    headers[HEADER] = header
 
 
 def send_mark(context: Any) -> str:

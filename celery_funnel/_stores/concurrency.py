@@ -40,7 +40,6 @@ __all__ = [
     "Holder",
     "Lease",
     "Renewed",
-    "funnels_in_header",
 ]  # fmt: skip
 
 logger = logging.getLogger("celery_funnel")
@@ -72,16 +71,6 @@ class HeldWaiter:
 Handed = tuple[ConcurrencyFunnel, str]  # a waiter (task id) handed a seat of a funnel
 
 
-def funnels_in_header(raw: Any) -> tuple[ConcurrencyFunnel, ...]:
-    """Concurrency as a header carries them (``[[n, key, label], ...]``)."""
-    return tuple(ConcurrencyFunnel(int(n), str(key), str(label)) for n, key, label in raw or ())
-
-
-def header_of(funnels: Sequence[ConcurrencyFunnel]) -> list[list[Any]]:
-    """``funnels`` as a header carries them."""
-    return [[funnel.n, funnel.key, funnel.label] for funnel in funnels]
-
-
 @dataclass(frozen=True)
 class Lease:
     """The seats one run of task ``task_id`` holds under ``token``."""
@@ -89,20 +78,6 @@ class Lease:
     task_id: str
     token: str
     funnels: tuple[ConcurrencyFunnel, ...]
-
-    def header(self) -> dict[str, Any]:
-        """What the run carries in its ``celery_funnel`` header, to give its seats back
-        from the process that runs it."""
-        # "seats": the header's name before 0.4, kept: messages in flight carry it
-        return {"lease": {"token": self.token, "seats": header_of(self.funnels)}}
-
-    @classmethod
-    def from_header(cls, task_id: str, header: Any) -> Lease | None:
-        """The lease a ``celery_funnel`` header carries (None when it carries none)."""
-        raw = header.get("lease") if isinstance(header, dict) else None
-        if not isinstance(raw, dict) or not raw.get("token"):
-            return None
-        return cls(task_id, str(raw["token"]), funnels_in_header(raw["seats"]))
 
 
 @dataclass(frozen=True)

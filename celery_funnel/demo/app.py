@@ -12,6 +12,7 @@ from celery import Celery
 
 from .._celery.task import FunnelTask
 from .._install import install
+from .._shared.state import State
 
 URL = os.environ.get("CELERY_FUNNEL_DEMO_REDIS", "redis://127.0.0.1:6379/0")
 STARTS = "demo:starts"
@@ -36,7 +37,7 @@ _store = redis.Redis.from_url(URL)
 )
 def job(n: int) -> None:
     """One unit of demo work: record when and where it started."""
-    state = (job.request.headers or {}).get("celery_funnel", {})
-    deferrals, requeues = state.get("deferrals", 0), state.get("requeues", 0)
+    state = State.from_headers(job.request.headers)  # the gate's header, read by its owner
+    deferrals, requeues = state.deferrals, state.requeues
     worker = job.request.hostname or socket.gethostname()
     _store.rpush(STARTS, f"{time.time()} {worker} {n} {deferrals} {requeues}")

@@ -65,9 +65,9 @@ def test_all_or_none_over_several_funnels(redis_client: redis.Redis, prefix: str
 def test_a_lease_not_renewed_runs_out(redis_client: redis.Redis, prefix: str) -> None:
     short = ConcurrencyStore(redis_client, prefix, 0.2)
     one = [funnel(prefix, 1)]
-    held, _ = short.acquire(one, "dead", "w1")
+    held, _ = short.take(one, "dead", "w1")
     assert held is not None
-    short.enqueue(one, "waiter")
+    short.queue(one, "waiter")
     promoted: list[tuple[ConcurrencyFunnel, str]] = []
 
     def swept() -> list[

@@ -3,6 +3,7 @@ that name the task or entry, the option and the value; the lease header and keys
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from celery_funnel._limiter.concurrency import ConcurrencyLimit
 from celery_funnel._limiter.keys import concurrency_keys, parse_key, task_key
 from celery_funnel._limiter.limit import key_part
 from celery_funnel._limiter.rate import Rate
+from celery_funnel._shared.state import FRESH, HEADER, State
 from celery_funnel._stores.concurrency import ConcurrencyFunnel, Lease
 
 
@@ -118,9 +120,25 @@ def test_a_lease_travels_in_the_header() -> None:
         "token",
         (ConcurrencyFunnel(3, "funnel:{t}", "t"), ConcurrencyFunnel(1, "funnel:{limit:*}", "l")),
     )
-    assert Lease.from_header("id-1", lease.header()) == lease
-    assert Lease.from_header("id-1", {"gate": "h:1"}) is None
-    assert Lease.from_header("id-1", None) is None
+    header = FRESH.admitted(lease, "h:1")
+    assert header["lease"]["seats"] == [[3, "funnel:{t}", "t"], [1, "funnel:{limit:*}", "l"]]
+    assert State.from_headers({"id": "id-1", HEADER: header}).lease == lease
+    assert State.from_headers({"id": "id-1", HEADER: {"gate": "h:1"}}).lease is None
+    assert State.from_headers({"id": "id-1"}).lease is None
+    run = SimpleNamespace(id="id-1", celery_funnel=header, headers=None)  # a run's Context
+    assert State.of_run(run).lease == lease
+    assert FRESH.header() == {}, "what a run holds is not carried on to the next delivery"
+
+
+def test_seats_promised_to_a_released_waiter_travel_in_its_header_once() -> None:
+    seats = (ConcurrencyFunnel(1, "funnel:{t}", "t"),)
+    waited = FRESH._replace(deferrals=1)
+    released = waited.released("token-1", seats)
+    state = State.from_headers({HEADER: released})
+    assert (state.release, state.promised) == ("token-1", seats)
+    assert state._replace(promised=()) == waited._replace(release="token-1")
+    assert "promised" not in state.header(), "published again, it is promised nothing"
+    assert FRESH.released("token-2") == {"release": "token-2"}
 
 
 def test_lease_keys_share_the_funnels_slot_and_parse() -> None:

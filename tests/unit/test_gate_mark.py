@@ -34,9 +34,9 @@ def test_a_forked_process_marks_runs_as_its_own_and_knows_its_parents() -> None:
 
 
 def test_a_first_arrivals_header_is_the_mark_alone_and_reads_back_fresh() -> None:
-    header = FRESH.header(gate=gate_mark())
+    header = FRESH.admitted(None)
     assert header == {"gate": gate_mark()}
     assert State.from_headers({HEADER: header}) == FRESH
     assert admitted_by_gate({HEADER: header})
     waited = FRESH._replace(deferrals=1)
-    assert State.from_headers({HEADER: waited.header(gate="x")}) == waited
+    assert State.from_headers({HEADER: waited.admitted(None, "x")}) == waited
