@@ -130,8 +130,9 @@ SETTING_HELP: dict[str, str] = {
     "funnel_redis_options": "a dict of redis-py client options for `funnel_redis_url`"
     " (TLS files, Cluster options); it overrides `funnel_socket_timeout` for the keys it sets",
     "funnel_limits": 'task-name pattern -> rate, or `{"rate", "capacity", "strategy",'
-    ' "scope": "global" | "worker", "windows", "concurrency", "name"}`; every matching'
-    " pattern must admit",
+    ' "scope": "global" | "worker", "windows", "concurrency", "variant", "name"}`; every'
+    ' matching pattern must admit; `"variant"` names a registered concurrency variant'
+    ' (default `"seats"`: at most `concurrency` running at once)',
     "funnel_key_prefix": "prefix of every key the package writes (no braces)",
     "funnel_max_countdown": "0.05 to 86 400 seconds; the countdown cap: longest a deferred"
     " task is held un-acked in a worker, and longest countdown published. `None`: half the"

@@ -8,7 +8,7 @@ reaches the pool: no ``STARTED`` state, no ``task_prerun``, no "ignored" log lin
 
 One request's path reads top to bottom: read (``Arrival``: charges, slots, header,
 subject, its ``Delivery``, once) -> accept (a copy that is not its task's accepted one
-is dropped: ``CopyGuard``) -> seats (``Seats``) -> decide (in flight,
+is dropped: ``CopyGuard``) -> seats (``Concurrency``) -> decide (in flight,
 ``InFlightDecisions``, or waiting for the reply) -> act (run it, or ``Waits``: hold,
 park, publish again, hand back; or fail it). No run starts from a delivery past its
 deadline (``delivery``): the message goes back to the broker instead.
@@ -43,7 +43,7 @@ from .._shared.state import State, put_state
 from .._stores.concurrency import Lease
 from .allowance import Allowances
 from .arrival import Arrival, TaskOptions, subject_of
-from .concurrency import Concurrency, RenewalOf, Seats
+from .concurrency import Concurrency, RenewalOf
 from .failing import Failing
 from .held import Held, cancel_run_booking
 from .inflight import InFlightDecisions
@@ -84,7 +84,6 @@ class WorkerGate:
         self.node = getattr(consumer, "hostname", "") or ""
         self.hostname = safe_part(self.node or "worker")
         self.charges = Charges(runtime, consumer.app, self.hostname, own_charges)
-        self.concurrency = Concurrency(runtime, consumer.app, self.node, self.hostname, renewal)
         # kombu's Redis transport loses a message taken off the queue as the broker dies
         # or the worker is killed: copies published again are backed up there (not on
         # celery_funnel.transport, whose fetch records a message in the call that takes it)
@@ -95,9 +94,10 @@ class WorkerGate:
         self.held = Held(runtime, consumer, self._pass)
         self.failing = Failing(self.held)
         self.waits = Waits(runtime, self.parking, self.copies, self.held, self.events, publish)
-        self.seats = Seats(
-            runtime, self.concurrency, self.parking, self.waits, self._admit, self.failing.fail
-        )
+        self.concurrency = Concurrency(
+            runtime, consumer.app, self.node, self.hostname, renewal, parking=self.parking,
+            waits=self.waits, admit=self._admit, fail=self.failing.fail,
+        )  # fmt: skip
         self.inflight = InFlight(
             lambda: runtime.funnel, getattr(consumer, "hub", None),
             runtime.settings.socket_timeout, self._no_reply,
@@ -188,7 +188,7 @@ class WorkerGate:
         lease: Lease | None = None
         try:
             if arrival.seats:  # the seats first: they can be given back, a rate's cannot
-                lease, waits = self.seats.take(arrival)
+                lease, waits = self.concurrency.take(arrival)
                 if lease is None:
                     return waits
             step = self.decisions.spend(arrival) if lease is None else None  # a unit held

@@ -17,10 +17,12 @@ from typing import Any
 from .errors import ConfigurationError
 from .values import MAX_CAPACITY
 
-__all__ = ["ConcurrencyLimit", "check_concurrency", "split_entry"]
+__all__ = ["SEATS", "ConcurrencyLimit", "check_concurrency", "split_entry"]
 
 OPTION = "concurrency"
 SCOPES = ("global", "worker")
+VARIANT = "variant"  # an entry's key naming the variant that takes its seats
+SEATS = "seats"  # the built-in variant: at most N runs at once (``_gate.concurrency``)
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ class ConcurrencyLimit:
     n: int
     pattern: str | None = None
     scope: str = "global"
+    variant: str = SEATS  # how its seats are taken, started, freed and waited for
 
 
 def check_concurrency(where: str, value: Any) -> int:
@@ -62,13 +65,16 @@ def split_entry(pattern: str, spec: Any) -> tuple[Any, ConcurrencyLimit | None]:
     scope = spec.get("scope", "global")
     if scope not in SCOPES:
         raise ConfigurationError(f"{where}: scope must be one of {list(SCOPES)}, got {scope!r}")
-    rest = {name: value for name, value in spec.items() if name != OPTION}
+    variant = spec.get(VARIANT, SEATS)
+    if not isinstance(variant, str) or not variant:
+        raise ConfigurationError(f"{where}: 'variant' must be a variant's name, got {variant!r}")
+    rest = {name: value for name, value in spec.items() if name not in (OPTION, VARIANT)}
     if "rate" in rest:
-        return rest, ConcurrencyLimit(n, pattern, scope)
+        return rest, ConcurrencyLimit(n, pattern, scope, variant)
     extra = sorted(set(rest) - {"scope"})
     if extra:
         raise ConfigurationError(
             f"{where}: {extra} need a 'rate' in the same entry; a concurrency limit"
-            f" alone takes 'concurrency' and 'scope'"
+            f" alone takes 'concurrency', 'scope' and 'variant'"
         )
-    return None, ConcurrencyLimit(n, pattern, scope)
+    return None, ConcurrencyLimit(n, pattern, scope, variant)

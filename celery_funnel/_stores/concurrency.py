@@ -21,11 +21,12 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from redis.exceptions import RedisError
 
+from .._limiter.concurrency import SEATS
 from .._limiter.errors import BackendError
 from .._limiter.keys import concurrency_keys, handed_worker, parked_keys
 from .._limiter.scripts import RedisClient, run_script
@@ -49,11 +50,14 @@ US = 1_000_000
 @dataclass(frozen=True)
 class ConcurrencyFunnel:
     """One concurrency funnel a run needs a seat in: at most ``n`` at once on ``key``
-    (its funnel key; the lease keys are beside it); ``label`` names it."""
+    (its funnel key; the lease keys are beside it); ``label`` names it; ``variant``
+    (not part of what it is: two funnels on one key are one) takes its seats
+    (``_gate.concurrency``)."""
 
     n: int
     key: str
     label: str
+    variant: str = field(default=SEATS, compare=False)
 
 
 @dataclass(frozen=True)
