@@ -1,0 +1,122 @@
+"""The funnel's own decisions, on Redis's clock: every write a script makes to a funnel's
+state, timed by the Redis server (``MONITOR``), for tests that must not depend on how
+fast a loaded machine runs the workers.
+
+A GCRA funnel is one string, its TAT (theoretical arrival time, µs): every run admitted
+or slot booked moves it one increment (``T x cost``) later, in a script that reads the
+server's ``TIME``. ``MONITOR`` shows each command a script runs, stamped with the
+server's clock as it runs: so each ``SET`` of the TAT is one decision, in the order the
+scripts ran, at (a few µs after) the ``now`` the script decided at. The times a worker
+or a task sees (a start, a signal) add the machine's delays; these do not.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import redis
+
+from tests.polling import wait_for
+
+US = 1_000_000
+
+
+@dataclass(frozen=True)
+class Write:
+    """One ``SET`` of a funnel's TAT by a script: when Redis ran it (epoch seconds,
+    Redis's clock), the key, and the TAT written (epoch seconds)."""
+
+    at: float
+    key: str
+    tat: float
+
+
+class FunnelLog:
+    """The writes seen so far (``writes``) of the funnel keys starting with
+    ``prefix``."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        self.url, self.prefix = url, prefix
+        self.writes: list[Write] = []
+        self._client = redis.Redis.from_url(url)
+        self._stop = threading.Event()
+        self._marks: set[str] = set()
+        self._count = itertools.count()
+        self._thread = threading.Thread(target=self._read, name="funnel-log", daemon=True)
+        self.error: BaseException | None = None
+
+    def _read(self) -> None:
+        try:
+            with self._client.monitor() as monitor:
+                while not self._stop.is_set():  # stop() sends a command to end the wait
+                    seen = monitor.next_command()
+                    self._note(seen["time"], seen["command"])
+        except BaseException as error:  # reported by the test that reads the log
+            if not self._stop.is_set():
+                self.error = error
+
+    def _note(self, at: float, command: str) -> None:
+        words = command.split(" ")  # redis-py joins the words (unquoted) with spaces
+        if words[:1] == ["ECHO"] and len(words) == 2:
+            self._marks.add(words[1])
+        elif words[:1] == ["SET"] and len(words) >= 3 and words[1].startswith(self.prefix):
+            self.writes.append(Write(at, words[1], int(words[2]) / US))
+
+    def start(self) -> None:
+        """Start monitoring; returns once the monitor sees commands."""
+        self._thread.start()
+        self.sync(again=True)  # the first marks may come before MONITOR is on
+
+    def sync(self, timeout: float = 60.0, again: bool = False) -> None:
+        """Return once every command Redis ran before this call is in the log (a mark
+        sent now came through the monitor); ``again``: send marks until one does."""
+        marks = (f"funnel-log-{id(self)}-{n}" for n in self._count)
+        with redis.Redis.from_url(self.url) as probe:
+            mark = next(marks)
+            probe.echo(mark)
+
+            def seen() -> bool:
+                nonlocal mark
+                if mark in self._marks or self.error is not None:
+                    return True
+                if again:
+                    mark = next(marks)
+                    probe.echo(mark)
+                return False
+
+            wait_for(seen, timeout)
+        self.check()
+
+    def stop(self) -> None:
+        if self._thread.is_alive() and self.error is None:
+            self.sync()
+        self._stop.set()
+        with redis.Redis.from_url(self.url) as probe:  # the reader waits for a command
+            probe.echo("funnel-log-stop")
+        self._thread.join(10)
+        self._client.close()
+
+    def check(self) -> None:
+        """Fail if the monitor stopped before it was told to."""
+        assert self.error is None, f"the funnel log's MONITOR failed: {self.error!r}"
+
+    def decisions(self, key: str | None = None) -> list[Write]:
+        """The writes of ``key`` (None: of every key under the prefix), in order."""
+        self.check()
+        return [w for w in self.writes if key is None or w.key == key]
+
+
+@contextmanager
+def funnel_log(url: str, prefix: str) -> Iterator[FunnelLog]:
+    """A ``FunnelLog`` of the funnel keys starting with ``prefix`` on the Redis at
+    ``url``, monitoring while the block runs."""
+    log = FunnelLog(url, prefix)
+    log.start()
+    try:
+        yield log
+    finally:
+        log.stop()
