@@ -1,6 +1,7 @@
-"""The funnel's own decisions, on Redis's clock: every write a script makes to a funnel's
-state, timed by the Redis server (``MONITOR``), for tests that must not depend on how
-fast a loaded machine runs the workers.
+"""What Redis's scripts do, as the server ran it (``MONITOR``): the funnel's own
+decisions on Redis's clock (``FunnelLog``), for tests that must not depend on how fast
+a loaded machine runs the workers; and every key a script touched against the keys it
+was given (``ScriptKeys``).
 
 A GCRA funnel is one string, its TAT (theoretical arrival time, µs): every run admitted
 or slot booked moves it one increment (``T x cost``) later, in a script that reads the
@@ -35,13 +36,12 @@ class Write:
     tat: float
 
 
-class FunnelLog:
-    """The writes seen so far (``writes``) of the funnel keys starting with
-    ``prefix``."""
+class Monitor:
+    """A thread reading ``MONITOR`` on the Redis at ``url``; each command it sees goes to
+    ``note`` (Redis's time, the client's type, "lua" for a script's call, the words)."""
 
-    def __init__(self, url: str, prefix: str) -> None:
-        self.url, self.prefix = url, prefix
-        self.writes: list[Write] = []
+    def __init__(self, url: str) -> None:
+        self.url = url
         self._client = redis.Redis.from_url(url)
         self._stop = threading.Event()
         self._marks: set[str] = set()
@@ -54,17 +54,17 @@ class FunnelLog:
             with self._client.monitor() as monitor:
                 while not self._stop.is_set():  # stop() sends a command to end the wait
                     seen = monitor.next_command()
-                    self._note(seen["time"], seen["command"])
+                    # redis-py joins the words (unquoted) with spaces
+                    words = seen["command"].split(" ")
+                    if words[:1] == ["ECHO"] and len(words) == 2:
+                        self._marks.add(words[1])
+                    self.note(seen["time"], seen["client_type"], words)
         except BaseException as error:  # reported by the test that reads the log
             if not self._stop.is_set():
                 self.error = error
 
-    def _note(self, at: float, command: str) -> None:
-        words = command.split(" ")  # redis-py joins the words (unquoted) with spaces
-        if words[:1] == ["ECHO"] and len(words) == 2:
-            self._marks.add(words[1])
-        elif words[:1] == ["SET"] and len(words) >= 3 and words[1].startswith(self.prefix):
-            self.writes.append(Write(at, words[1], int(words[2]) / US))
+    def note(self, at: float, client: str, words: list[str]) -> None:
+        """One command seen."""
 
     def start(self) -> None:
         """Start monitoring; returns once the monitor sees commands."""
@@ -102,7 +102,21 @@ class FunnelLog:
 
     def check(self) -> None:
         """Fail if the monitor stopped before it was told to."""
-        assert self.error is None, f"the funnel log's MONITOR failed: {self.error!r}"
+        assert self.error is None, f"MONITOR failed: {self.error!r}"
+
+
+class FunnelLog(Monitor):
+    """The writes seen so far (``writes``) of the funnel keys starting with
+    ``prefix``."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        super().__init__(url)
+        self.prefix = prefix
+        self.writes: list[Write] = []
+
+    def note(self, at: float, client: str, words: list[str]) -> None:
+        if words[:1] == ["SET"] and len(words) >= 3 and words[1].startswith(self.prefix):
+            self.writes.append(Write(at, words[1], int(words[2]) / US))
 
     def decisions(self, key: str | None = None) -> list[Write]:
         """The writes of ``key`` (None: of every key under the prefix), in order."""
@@ -120,3 +134,62 @@ def funnel_log(url: str, prefix: str) -> Iterator[FunnelLog]:
         yield log
     finally:
         log.stop()
+
+
+# a script's calls whose every argument is a key, and those with none; any other
+# command's key is its first argument
+ALL_KEYS = {"DEL", "UNLINK", "EXISTS", "MGET", "TOUCH"}
+NO_KEY = {"TIME", "PUBLISH", "ECHO", "PING"}
+
+
+class ScriptKeys(Monitor):
+    """Every key a script's call touched that the script was not given in KEYS
+    (``undeclared``): what Dragonfly, ElastiCache Serverless and a Redis Cluster refuse.
+    Independent of the scripts' text: it reads what ran. A call is the script's that
+    the server reported just before it (``order`` finds whether the calls are reported
+    after their script, as Redis 7 does, or before)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.declared: set[str] | None = None
+        self.calls = 0
+        self.undeclared: list[tuple[str, str]] = []  # (the call, its key)
+
+    def note(self, at: float, client: str, words: list[str]) -> None:
+        command = words[0].upper() if words else ""
+        if client != "lua":
+            if command == "EVALSHA" and len(words) >= 3:
+                count = int(words[2])
+                self.declared = set(words[3 : 3 + count])
+                self.calls += 1
+            elif command == "EVAL":  # its text has spaces: its keys cannot be read here
+                self.declared = None
+            return
+        if command in NO_KEY:
+            return
+        keys = words[1:] if command in ALL_KEYS else words[1:2]
+        for key in keys:
+            if self.declared is None or key not in self.declared:
+                self.undeclared.append((" ".join(words[:3]), key))
+
+
+@contextmanager
+def script_keys(url: str) -> Iterator[ScriptKeys]:
+    """A ``ScriptKeys`` of the Redis at ``url`` while the block runs; first checked on
+    a script given its key and one that touches a key it was not given (so a server
+    that reports a script's calls in another order fails here, not silently)."""
+    seen = ScriptKeys(url)
+    seen.start()
+    try:
+        with redis.Redis.from_url(url) as client:  # EVALSHA, as the package's calls
+            client.register_script("return redis.call('EXISTS', KEYS[1])")(["script-keys-given"])
+            client.register_script("return redis.call('EXISTS', 'script-keys-built')")()
+        seen.sync()
+        assert seen.undeclared == [("EXISTS script-keys-built", "script-keys-built")], (
+            f"the monitor did not tie each script's calls to it: {seen.undeclared}"
+        )
+        seen.undeclared.clear()
+        seen.calls = 0
+        yield seen
+    finally:
+        seen.stop()

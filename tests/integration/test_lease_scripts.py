@@ -16,7 +16,8 @@ from celery_funnel._stores.park import ParkStore
 from celery_funnel._stores.store import text
 from tests.polling import wait_for
 
-pytestmark = pytest.mark.redis
+# every script touches only the keys it is given (read from what Redis ran)
+pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("declared_keys_only")]
 ONE_REDIS = True  # the scripts' behaviour does not depend on the server's version
 
 

@@ -24,7 +24,8 @@ from celery_funnel.testing import RedisServer
 from tests.integration.proj import close_app, make_app, runs
 from tests.polling import wait_for
 
-pytestmark = pytest.mark.redis
+# every script touches only the keys it is given (read from what Redis ran)
+pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("declared_keys_only")]
 ONE_REDIS = True  # one Redis version is enough here (tests/conftest.py)
 
 
