@@ -29,16 +29,19 @@ US = 1_000_000
 @dataclass(frozen=True)
 class Write:
     """One ``SET`` of a funnel's TAT by a script: when Redis ran it (epoch seconds,
-    Redis's clock), the key, and the TAT written (epoch seconds)."""
+    Redis's clock), the key, the TAT written (epoch seconds), and the connection whose
+    script wrote it (one worker's: a worker's connections are its own)."""
 
     at: float
     key: str
     tat: float
+    caller: str = ""
 
 
 class Monitor:
     """A thread reading ``MONITOR`` on the Redis at ``url``; each command it sees goes to
-    ``note`` (Redis's time, the client's type, "lua" for a script's call, the words)."""
+    ``note`` (Redis's time; its connection, "host:port", or "lua" for a script's call;
+    its words)."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -58,7 +61,11 @@ class Monitor:
                     words = seen["command"].split(" ")
                     if words[:1] == ["ECHO"] and len(words) == 2:
                         self._marks.add(words[1])
-                    self.note(seen["time"], seen["client_type"], words)
+                    lua = seen.get("client_type") == "lua"
+                    client = (
+                        "lua" if lua else f"{seen.get('client_address')}:{seen.get('client_port')}"
+                    )
+                    self.note(seen["time"], client, words)
         except BaseException as error:  # reported by the test that reads the log
             if not self._stop.is_set():
                 self.error = error
@@ -113,10 +120,25 @@ class FunnelLog(Monitor):
         super().__init__(url)
         self.prefix = prefix
         self.writes: list[Write] = []
+        self._caller = ""
 
     def note(self, at: float, client: str, words: list[str]) -> None:
-        if words[:1] == ["SET"] and len(words) >= 3 and words[1].startswith(self.prefix):
-            self.writes.append(Write(at, words[1], int(words[2]) / US))
+        if client != "lua":
+            self._caller = client  # a script's calls come right after it (Redis 6.2, 7)
+        elif words[:1] == ["SET"] and len(words) >= 3 and words[1].startswith(self.prefix):
+            self.writes.append(Write(at, words[1], int(words[2]) / US, self._caller))
+
+    def steps(self, key: str | None = None) -> list[tuple[Write, float]]:
+        """Each write of ``key`` (None: the only key written) with how far it moved the
+        TAT: from the later of the TAT before and the time it ran (a run admitted moves
+        it one increment, T x cost, from its ``now``; a booking, from the TAT before)."""
+        writes = self.decisions(key)
+        assert len({w.key for w in writes}) <= 1, {w.key for w in writes}
+        moved, before = [], 0.0
+        for write in writes:
+            moved.append((write, write.tat - max(before, write.at)))
+            before = write.tat
+        return moved
 
     def decisions(self, key: str | None = None) -> list[Write]:
         """The writes of ``key`` (None: of every key under the prefix), in order."""

@@ -20,7 +20,7 @@ from celery_funnel._limiter.keys import limit_key
 from celery_funnel._limiter.rate import Rate
 from celery_funnel._limiter.strategies.allowance import units
 from celery_funnel.testing import CeleryWorkers, RedisServer, peak
-from tests.funnel_log import Write, funnel_log
+from tests.funnel_log import FunnelLog, Write, funnel_log
 from tests.integration.conftest import ROOT
 from tests.integration.proj import close_app, make_app, runs
 from tests.polling import wait_for
@@ -112,7 +112,7 @@ def test_a_funnel_under_40_a_second_is_decided_run_by_run(broker: RedisServer) -
     writes = log.decisions()
     assert calls[0] >= 60
     assert len(writes) >= 60, "a slot (admitted now, or booked) for every run"
-    assert _takes(writes, 0.05) == [], "one unit at a time"
+    assert _takes(log, 0.05) == [], "one unit at a time"
     # capacity 1: a decision's slot is its TAT less one unit (admitted then, or booked)
     assert peak([w.tat - 0.05 for w in writes], 1.0) <= 21
 
@@ -124,17 +124,10 @@ def test_allowance_off_decides_every_run_alone(broker: RedisServer) -> None:
     assert calls[0] >= 200
 
 
-def _takes(writes: list[Write], unit: float) -> list[Write]:
-    """The writes of one funnel that took more than one unit at once (an allowance): the
-    TAT moved more than ``unit`` seconds past the later of the TAT before and the time
-    the write ran (the script's own ``now`` is at most that, so a move of one unit, a
-    run decided alone, never passes for one)."""
-    found, before = [], 0.0
-    for write in writes:
-        if write.tat - max(before, write.at) > 1.5 * unit:
-            found.append(write)
-        before = write.tat
-    return found
+def _takes(log: FunnelLog, unit: float) -> list[Write]:
+    """The writes of the funnel that took more than one unit at once (an allowance): a
+    run decided alone moves it one ``unit`` (``FunnelLog.steps``)."""
+    return [write for write, moved in log.steps() if moved > 1.5 * unit]
 
 
 def test_units_are_taken_only_while_the_funnel_stays_half_free(broker: RedisServer) -> None:
@@ -147,7 +140,7 @@ def test_units_are_taken_only_while_the_funnel_stays_half_free(broker: RedisServ
     with funnel_log(broker.url, limit_key("funnel:", "proj.plain")) as log:
         _run(broker.url, limit, 2, [(300, 150.0), (600, None)])
     writes = log.decisions()
-    takes = _takes(writes, unit)
+    takes = _takes(log, unit)
     ahead = max(w.tat - w.at for w in takes)
     print(f"{len(writes)} writes, {len(takes)} allowances; the most ahead {ahead:.4f} s")
     assert takes, "units were taken (k = 10)"
