@@ -20,7 +20,7 @@ from celery_funnel._limiter.keys import limit_key
 from celery_funnel._limiter.rate import Rate
 from celery_funnel._limiter.strategies.allowance import units
 from celery_funnel.testing import CeleryWorkers, RedisServer, peak
-from tests.funnel_log import FunnelLog, Write, funnel_log
+from tests.redis_monitor import FunnelLog, Write, funnel_log
 from tests.integration.conftest import ROOT
 from tests.integration.proj import close_app, make_app, runs
 from tests.polling import wait_for
@@ -132,7 +132,7 @@ def _takes(log: FunnelLog, unit: float) -> list[Write]:
 
 def test_units_are_taken_only_while_the_funnel_stays_half_free(broker: RedisServer) -> None:
     """Every allowance the workers took, read on Redis's clock from the funnel's own
-    writes (``tests.funnel_log``): the TAT it left is at most tau / 2 (half the
+    writes (``tests.redis_monitor``): the TAT it left is at most tau / 2 (half the
     capacity's worth, 0.1 s here) ahead of when the script ran, below the rate and at
     once; a funnel charged until full would leave it up to tau ahead."""
     limit = {"rate": "200/s", "capacity": CAPACITY}

@@ -5,7 +5,7 @@ headless Chromium, shows the funnels, charts them and pauses one; without the to
 controls refuse, and a control sent as a GET does nothing.
 
 What a limit does is read from the funnel's own decisions, on Redis's clock
-(``tests.funnel_log``): each one moves ``proj.steady``'s funnel (20/s in the code,
+(``tests.redis_monitor``): each one moves ``proj.steady``'s funnel (20/s in the code,
 capacity 1) one slot, 50 ms at 20/s, 200 ms at 5/s, so the rate each decision was made
 at is known exactly, whatever the load; start times add the pool's dispatch delay,
 which a loaded machine stretches by seconds. How soon an override applies (the live
@@ -35,7 +35,7 @@ from celery_funnel._limiter.limit import Limit
 from celery_funnel._ops.live import LiveThread
 from celery_funnel._stores.park import ParkStore
 from celery_funnel.testing import peak
-from tests.funnel_log import FunnelLog, Write, funnel_log
+from tests.redis_monitor import FunnelLog, Write, funnel_log
 from tests.integration.conftest import sample
 from tests.integration.live_cluster import ROOT, TASK, TOKEN, Cluster, Dashboard, chromium
 from tests.integration.proj import runs
