@@ -20,10 +20,10 @@ from celery_funnel._limiter.keys import limit_key
 from celery_funnel._limiter.rate import Rate
 from celery_funnel._limiter.strategies.allowance import units
 from celery_funnel.testing import CeleryWorkers, RedisServer, peak
-from tests.redis_monitor import FunnelLog, Write, funnel_log
 from tests.integration.conftest import ROOT
 from tests.integration.proj import close_app, make_app, runs
 from tests.polling import wait_for
+from tests.redis_monitor import FunnelLog, Write, funnel_log
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 

@@ -35,11 +35,11 @@ from celery_funnel._limiter.limit import Limit
 from celery_funnel._ops.live import LiveThread
 from celery_funnel._stores.park import ParkStore
 from celery_funnel.testing import peak
-from tests.redis_monitor import FunnelLog, Write, funnel_log
 from tests.integration.conftest import sample
 from tests.integration.live_cluster import ROOT, TASK, TOKEN, Cluster, Dashboard, chromium
 from tests.integration.proj import runs
 from tests.polling import wait_for
+from tests.redis_monitor import FunnelLog, Write, funnel_log
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 # written by every run (build/ is not tracked); the README's docs/dashboard.png is a copy
