@@ -20,7 +20,7 @@ from celery import Celery
 
 from celery_funnel.testing import CeleryWorkers, RedisServer, free_port
 from celery_funnel.testing._processes import spawn, stop
-from tests.integration.proj import close_app, make_app, runs
+from tests.integration.proj import admissions, close_app, make_app, runs
 
 ROOT = str(Path(__file__).resolve().parents[2])
 TASK = "proj.steady"  # 20/s, capacity 1
@@ -33,7 +33,10 @@ class Cluster:
     def __init__(self) -> None:
         self.server = RedisServer(aof=True).start()  # paused tasks are parked (AOF)
         self.url = self.server.url
-        self.env = {"FUNNEL_TEST_BROKER": self.url, "FUNNEL_TEST_REDIS": self.url}
+        self.env = {
+            "FUNNEL_TEST_BROKER": self.url, "FUNNEL_TEST_REDIS": self.url,
+            "FUNNEL_TEST_ADMISSIONS": "1",
+        }  # fmt: skip
         self.app: Celery = make_app(self.url, self.url, task_ignore_result=True)
         self.workers = CeleryWorkers(
             "tests.integration.proj", 2, self.env, "-c", "4", "-Q", "proj", cwd=ROOT
@@ -50,13 +53,16 @@ class Cluster:
         assert done.returncode == 0, done.stderr
         return started, time.time(), done.stdout
 
-    def starts(self, first: int = 0, end: int | None = None) -> list[float]:
-        """Start times of the runs of TASK numbered ``first`` and up (below ``end``:
-        each test numbers its tasks in a range of its own)."""
+    def starts(self, first: int = 0) -> list[float]:
+        """Start times of the runs of TASK numbered ``first`` and up."""
         return sorted(
-            r["at"] for r in runs(self.url)
-            if r["name"] == TASK and first <= r["args"][0] < (end or 1 << 62)
-        )  # fmt: skip
+            r["at"] for r in runs(self.url) if r["name"] == TASK and r["args"][0] >= first
+        )
+
+    def admissions(self, first: int = 0) -> list[float]:
+        """Admission times (the gate's) of the runs of TASK numbered ``first`` and up."""
+        ids = {r["id"] for r in runs(self.url) if r["name"] == TASK and r["args"][0] >= first}
+        return sorted(a["at"] for a in admissions(self.url) if a["id"] in ids)
 
     def send(self, numbers: range) -> None:
         for n in numbers:

@@ -20,7 +20,7 @@ import redis
 from celery import Celery
 from kombu.entity import Exchange, Queue
 
-from celery_funnel import FunnelTask, install
+from celery_funnel import FunnelTask, install, signals
 from celery_funnel._config.runtime import runtime_for
 from tests.broker_options import restore_options
 from tests.crash import arm
@@ -340,6 +340,27 @@ def runs(funnel_url: str) -> list[dict[str, Any]]:
         return [json.loads(item) for item in store.lrange(RUNS, 0, -1)]
 
 
+ADMITTED = "admitted"
+
+
+def record_admissions(store_url: str) -> None:
+    """Record each admission this worker's gate makes (task id, epoch time), from
+    celery-funnel's ``task_admitted`` signal: the instant the funnel let the run through,
+    before the pool's dispatch delay that a start time adds."""
+    store = redis.Redis.from_url(store_url)
+
+    def admitted(sender: str, task_id: str, **kwargs: Any) -> None:
+        store.rpush(ADMITTED, json.dumps({"id": task_id, "name": sender, "at": time.time()}))
+
+    signals.task_admitted.connect(admitted, weak=False)
+
+
+def admissions(store_url: str) -> list[dict[str, Any]]:
+    """Every admission recorded so far (``record_admissions``)."""
+    with redis.Redis.from_url(store_url) as store:
+        return [json.loads(item) for item in store.lrange(ADMITTED, 0, -1)]
+
+
 def skew_clock(app: Celery, seconds: float) -> None:
     """Make this process's wall clock, as Celery and kombu read it, ``seconds`` off: the
     ETA it computes when it publishes (``app.now``) and the one it compares when it
@@ -376,4 +397,6 @@ if os.environ.get("FUNNEL_TEST_BROKER"):
     )
     if os.environ.get("FUNNEL_TEST_SKEW"):
         skew_clock(app, float(os.environ["FUNNEL_TEST_SKEW"]))
+    if os.environ.get("FUNNEL_TEST_ADMISSIONS") == "1":
+        record_admissions(os.environ.get("FUNNEL_TEST_STORE") or os.environ["FUNNEL_TEST_REDIS"])
     arm()

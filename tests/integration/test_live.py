@@ -2,18 +2,12 @@
 the admitted rate within a second, ``pause`` stops starts within a second and loses
 nothing, ``resume`` and ``unset`` restore the code's limit; the dashboard, in a real
 headless Chromium, shows the funnels, charts them and pauses one; without the token its
-controls refuse, and a control sent as a GET does nothing.
-
-What a limit does is read from the funnel's own decisions, on Redis's clock
-(``tests.redis_monitor``): each one moves ``proj.steady``'s funnel (20/s in the code,
-capacity 1) one slot, 50 ms at 20/s, 200 ms at 5/s, so the rate each decision was made
-at is known exactly, whatever the load; start times add the pool's dispatch delay,
-which a loaded machine stretches by seconds. How soon an override applies (the live
-thread's refresh, 0.5 s) is printed, and checked only as a hang."""
+controls refuse, and a control sent as a GET does nothing. Rates are measured from the
+tasks' own start times (``proj.steady``: 20/s in the code), the limit's peak from the
+times the workers' gates admitted them."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import subprocess
@@ -30,7 +24,6 @@ from prometheus_client import CollectorRegistry
 from celery_funnel import Rate, control, prometheus
 from celery_funnel._gate.charges import Charge
 from celery_funnel._gate.live import Live, series_key
-from celery_funnel._limiter.keys import task_key
 from celery_funnel._limiter.limit import Limit
 from celery_funnel._ops.live import LiveThread
 from celery_funnel._stores.park import ParkStore
@@ -39,16 +32,11 @@ from tests.integration.conftest import sample
 from tests.integration.live_cluster import ROOT, TASK, TOKEN, Cluster, Dashboard, chromium
 from tests.integration.proj import runs
 from tests.polling import wait_for
-from tests.redis_monitor import FunnelLog, Write, funnel_log
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 # written by every run (build/ is not tracked); the README's docs/dashboard.png is a copy
 # of one, made with CELERY_FUNNEL_SCREENSHOT=docs/dashboard.png
 SCREENSHOT = Path(ROOT) / (os.environ.get("CELERY_FUNNEL_SCREENSHOT") or "build/dashboard.png")
-KEY = task_key("funnel:", TASK)  # its funnel: the TAT, as every decision moves it
-FAST, SLOW = 0.05, 0.2  # the slot of the code's 20/s and of the override's 5/s
-# what one connection (one worker's) may decide at, in order, around set and unset
-ORDERS = ([FAST], [SLOW], [FAST, SLOW], [SLOW, FAST], [FAST, SLOW, FAST])
 
 
 @pytest.fixture(scope="module")
@@ -83,98 +71,79 @@ def dashboard(cluster: Cluster) -> Iterator[Dashboard]:
         served.stop()
 
 
-def paces(log: FunnelLog) -> list[tuple[Write, float]]:
-    """Each decision on TASK's funnel that moved it forward (admitted, or a slot booked;
-    not a booking given back), in order, with the slot it moved it (the nearer of FAST
-    and SLOW): the rate it was decided at."""
-    return [
-        (w, FAST if moved < (FAST + SLOW) / 2 else SLOW)
-        for w, moved in log.steps(KEY)
-        if moved > FAST / 2
-    ]
+def rate(starts: list[float], begin: float, end: float) -> float:
+    """Starts per second in [begin, end)."""
+    return sum(begin <= at < end for at in starts) / (end - begin)
 
 
-def once_each(cluster: Cluster, first: int, count: int) -> None:
-    """Every task numbered ``first`` .. ``first + count - 1`` ran, once."""
-    numbers = sorted(
-        r["args"][0] for r in runs(cluster.url)
-        if r["name"] == TASK and first <= r["args"][0] < first + 1000
-    )  # fmt: skip
-    assert numbers == list(range(first, first + count)), "nothing lost, nothing run twice"
+def _peak_at(times: list[float]) -> float:
+    """Where the second with the most of ``times`` begins (epoch seconds)."""
+    most = peak(times)
+    return next(at for at in times if sum(at <= t < at + 1.0 for t in times) == most)
 
 
-def ran(cluster: Cluster, first: int, count: int) -> bool:
-    return len(cluster.starts(first, first + 1000)) >= count
-
-
-def test_set_changes_the_admitted_rate_and_unset_restores_it(
+def test_set_changes_the_admitted_rate_within_a_second_and_unset_restores_it(
     cluster: Cluster, record_property: Any
 ) -> None:
-    """160 tasks: ``set 5/s`` while they run, then ``unset``. Every decision before the
-    override was written is at 20/s; each worker's connection switches to 5/s once and
-    back once (20/s, 5/s, 20/s in that order), every 5/s decision lies between the
-    override's write and the end of ``unset``; the last ones are at 20/s again; and the
-    slots, on Redis's clock, never come closer than the rate in force."""
-    with funnel_log(cluster.url, KEY) as log:
-        cluster.send(range(0, 160))
-        wait_for(lambda: ran(cluster, 0, 30), 60)
-        cluster.cli("set", TASK, "5/s")
-        written = control.overrides(cluster.app)[TASK].at  # the override's own time
-        wait_for(lambda: sum(pace == SLOW for _, pace in paces(log)) >= 5, 60)
-        unsetting, unset_at, out = cluster.cli("unset", TASK)
-        assert "back to the code's limit" in out
-        wait_for(lambda: ran(cluster, 0, 160), 120)
-    decided = paces(log)
-    slow = [w for w, pace in decided if pace == SLOW]
-    first_slow, last_slow = min(w.at for w in slow), max(w.at for w in slow)
-    record_property("applied_after", {"set": first_slow - written, "unset": last_slow - unsetting})
+    cluster.send(range(0, 160))
+    wait_for(lambda: len(cluster.starts()) >= 30, 30)
+    cluster.cli("set", TASK, "5/s")
+    written = control.overrides(cluster.app)[TASK].at  # the override's own time
+    time.sleep(3.5)
+    _, unset_at, out = cluster.cli("unset", TASK)
+    assert "back to the code's limit" in out
+    wait_for(lambda: len(cluster.starts()) >= 160, 60)
+    starts, admitted = cluster.starts(), cluster.admissions()
+    before = rate(starts, written - 1.5, written)
+    under = rate(starts, written + 1.0, unset_at - 0.5)
+    after = rate(starts, unset_at + 1.0, unset_at + 2.0)
+    record_property("rates", {"before": before, "override": under, "after_unset": after})
+    most, at = peak(admitted), _peak_at(admitted)
     print(
-        f"measured: {len(decided)} decisions, {len(slow)} at 5/s: the first"
-        f" {first_slow - written:.3f} s after `set` was written, the last"
-        f" {last_slow - unsetting:.3f} s after `unset` began (Redis's clock); started at"
-        f" most {peak(cluster.starts(0, 1000))} in a second"
+        f"measured: code 20/s -> {before:.1f}/s; set 5/s -> {under:.1f}/s from 1 s after;"
+        f" unset -> {after:.1f}/s from 1 s after; admitted at most {most} in a second, from"
+        f" {at - written:.2f} s after set; started at most {peak(starts)} in a second"
     )
-    once_each(cluster, 0, 160)
-    assert len(decided) >= 160, "a decision (admitted, or a slot booked) for every run"
-    assert [pace for w, pace in decided if w.at < written] == [FAST] * sum(
-        w.at < written for w, _ in decided
-    ), "20/s until the override was written"
-    assert all(written <= w.at <= unset_at for w in slow), "5/s only while it was in force"
-    for caller in {w.caller for w, _ in decided}:
-        mine = [pace for pace, _ in itertools.groupby(p for w, p in decided if w.caller == caller)]
-        assert mine in ORDERS, f"{caller} decided at 20/s, 5/s, 20/s in this order: {mine}"
-    assert decided[-1][1] == FAST, "back to the code's 20/s after unset"
-    assert any(w.at > last_slow and pace == FAST for w, pace in decided)
+    assert 15 <= before <= 22
+    assert 3 <= under <= 6.5, "the override's 5/s, from 1 s after it was written"
+    assert after >= 14, "the code's 20/s again, 1 s after unset"
+    assert len(starts) == 160, "every task ran once"
+    # the limit is on admissions, each timed by the gate that made it: a start adds the
+    # pool's dispatch delay, which on a loaded machine varies by more than a slot (50 ms)
+    assert len(admitted) == 160, "every run admitted once"
+    assert most <= 21, (
+        f"never above the code's 20/s (capacity 1): {most} admitted in the second from"
+        f" {at - written:.2f} s after set, {at - unset_at:.2f} s after unset"
+    )
 
 
-def test_pause_stops_admissions_and_resume_runs_every_task_once(
-    cluster: Cluster, record_property: Any
+def test_pause_stops_starts_within_a_second_and_resume_runs_every_task_once(
+    cluster: Cluster,
 ) -> None:
-    """120 tasks (6 s at 20/s): ``pause`` while they run parks the waiting ones; no
-    decision on the funnel from 1 s after the pause was written until ``resume`` (on
-    Redis's clock; the live thread refreshes a paused funnel every 0.15 s); then every
-    task runs, once, at the code's rate."""
-    with funnel_log(cluster.url, KEY) as log:
-        cluster.send(range(1000, 1120))
-        wait_for(lambda: ran(cluster, 1000, 10), 60)
-        cluster.cli("pause", TASK)
-        written = control.overrides(cluster.app)[TASK].at
-        with redis.Redis.from_url(cluster.url) as client:
-            store = ParkStore(client, "funnel:")
-            wait_for(lambda: store.counts().get(TASK, 0) > 0, 30)  # waiting tasks park
-        time.sleep(2.0)  # paused for 2 s at least: nothing may be decided
-        resuming, _, _ = cluster.cli("resume", TASK)
-        wait_for(lambda: ran(cluster, 1000, 120), 120)
-    decided = paces(log)
-    during = [w.at - written for w, _ in decided if written <= w.at < resuming]
-    record_property("last_decision_after_pause", max(during, default=0.0))
+    # 6 s of tasks at 20/s: the pause (a CLI run, seconds on a loaded machine) lands
+    # while many still wait
+    cluster.send(range(1000, 1120))
+    wait_for(lambda: len(cluster.starts(1000)) >= 10, 30)
+    cluster.cli("pause", TASK)
+    written = control.overrides(cluster.app)[TASK].at
+    store = ParkStore(redis.Redis.from_url(cluster.url), "funnel:")
+    wait_for(lambda: store.counts().get(TASK, 0) > 0, 10)  # waiting tasks park
+    time.sleep(2.0)
+    paused_starts = cluster.starts(1000)
+    resumed, _, _ = cluster.cli("resume", TASK)
+    wait_for(lambda: len(cluster.starts(1000)) >= 120, 60)
+    starts = cluster.starts(1000)
+    late = [at for at in paused_starts if at > written + 1.0]
+    first = min(at for at in starts if at > resumed)
     print(
-        f"measured: last decision {max(during, default=0.0):.3f} s after the pause was"
-        f" written (Redis's clock); {len(decided)} decisions"
+        f"measured: last start {max(paused_starts) - written:.3f} s after the pause was"
+        f" written; first start {first - resumed:.3f} s after `resume` was run"
     )
-    assert [at for at in during if at > 1.0] == [], "no decision later than 1 s after it"
-    once_each(cluster, 1000, 120)
-    assert {pace for w, pace in decided} == {FAST}, "at the code's 20/s, before and after"
+    assert late == [], "no start later than 1 s after the pause"
+    assert len(starts) == 120, "nothing lost, nothing run twice"
+    recorded = sorted(r["args"][0] for r in runs(cluster.url) if 1000 <= r["args"][0] < 2000)
+    assert recorded == list(range(1000, 1120))
+    assert 0 < rate(starts, resumed, max(starts) + 1e-3) <= 21
 
 
 def test_without_the_token_nothing_is_shown_and_the_controls_refuse(
@@ -234,40 +203,37 @@ def test_the_dashboard_in_a_browser_shows_charts_and_pauses_a_funnel(
     try:
         browser.get(f"{dashboard.url}/?token={TOKEN}")  # the page keeps it in a cookie
         row = f'tr[data-funnel="{TASK}"]'
-        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, row), 30)
-        with funnel_log(cluster.url, KEY) as log:
-            cluster.send(range(2000, 2120))  # 6 s of work at 20/s: the pause comes before
-            shown = browser.find_element(By.CSS_SELECTOR, "#funnels tbody").text
-            assert TASK in shown
-            assert "20/s (capacity 1, gcra)" in shown
-            plotted = f"return window.cfDashboard.admitted[{json.dumps(TASK)}] || 0"
-            wait_for(lambda: browser.execute_script(plotted) >= 1, 30)
-            first = browser.execute_script(plotted)
-            wait_for(lambda: browser.execute_script(plotted) > first, 30)  # the chart updates
-            assert browser.find_elements(By.CSS_SELECTOR, f'div.chart[data-funnel="{TASK}"] canvas')
-            button = f'{row} button[data-action="pause"]'
-            clicked = time.time()
-            browser.find_element(By.CSS_SELECTOR, button).click()
-            wait_for(lambda: "PAUSED" in browser.find_element(By.CSS_SELECTOR, row).text, 30)
-            paused_at = control.overrides(cluster.app)[TASK].at
-            time.sleep(2.5)  # the chart shows the pause; nothing may be decided
-            SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-            browser.save_screenshot(str(SCREENSHOT))
-            log.sync()
-            during = [w.at - paused_at for w, _ in paces(log) if w.at >= paused_at]
-            started = len(cluster.starts(2000, 3000))
-            print(
-                f"measured: pause clicked; written {paused_at - clicked:.3f} s after the click;"
-                f" last decision {max(during, default=0.0):.3f} s after it (Redis's clock);"
-                f" {started} of 120 ran"
-            )
-            assert [at for at in during if at > 1.0] == [], "no decision 1 s after the pause"
-            assert started < 120, "the pause stopped runs before every task ran"
-            browser.find_element(By.CSS_SELECTOR, f'{row} button[data-action="unset"]').click()
-            wait_for(lambda: ran(cluster, 2000, 120), 120)
+        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, row), 20)
+        cluster.send(range(2000, 2120))  # 6 s of work at 20/s: the pause comes before
+        shown = browser.find_element(By.CSS_SELECTOR, "#funnels tbody").text
+        assert TASK in shown
+        assert "20/s (capacity 1, gcra)" in shown
+        plotted = f"return window.cfDashboard.admitted[{json.dumps(TASK)}] || 0"
+        wait_for(lambda: browser.execute_script(plotted) >= 1, 20)
+        first = browser.execute_script(plotted)
+        wait_for(lambda: browser.execute_script(plotted) > first, 10)  # the chart updates
+        assert browser.find_elements(By.CSS_SELECTOR, f'div.chart[data-funnel="{TASK}"] canvas')
+        button = f'{row} button[data-action="pause"]'
+        clicked = time.time()
+        browser.find_element(By.CSS_SELECTOR, button).click()
+        wait_for(lambda: "PAUSED" in browser.find_element(By.CSS_SELECTOR, row).text, 10)
+        paused_at = control.overrides(cluster.app)[TASK].at
+        time.sleep(2.5)  # the chart shows the pause; nothing may start
+        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        browser.save_screenshot(str(SCREENSHOT))
+        during = cluster.starts(2000)
+        print(
+            f"measured: pause clicked; written {paused_at - clicked:.3f} s after the click;"
+            f" last start {max(during) - paused_at:.3f} s after it; {len(during)} of 120 ran"
+        )
+        assert [at for at in during if at > paused_at + 1.0] == []
+        assert len(during) < 120, "the pause stopped starts before every task ran"
+        browser.find_element(By.CSS_SELECTOR, f'{row} button[data-action="unset"]').click()
+        wait_for(lambda: len(cluster.starts(2000)) >= 120, 60)
     finally:
         browser.quit()
-    once_each(cluster, 2000, 120)
+    numbers = sorted(r["args"][0] for r in runs(cluster.url) if r["args"][0] >= 2000)
+    assert numbers == list(range(2000, 2120)), "nothing lost, nothing run twice"
 
 
 def test_status_metrics_and_series_show_overrides_and_parked_counts(cluster: Cluster) -> None:
@@ -320,23 +286,17 @@ def test_status_metrics_and_series_show_overrides_and_parked_counts(cluster: Clu
 def test_a_pause_with_a_ttl_ends_by_itself_and_releases_its_parked_tasks(
     cluster: Cluster,
 ) -> None:
-    """Paused for 6 s: 10 tasks sent meanwhile park (none runs); they run once it has
-    ended (released then, not by their 60 s re-check), and the expired override is
-    gone."""
-    control.pause(cluster.app, TASK, ttl=6.0)
+    control.pause(cluster.app, TASK, ttl=2.0)
     ends = control.overrides(cluster.app)[TASK].expires_at
     assert ends is not None
-    time.sleep(0.6)  # every worker's live thread has read the pause (0.5 s refresh)
+    time.sleep(0.6)
     cluster.send(range(3000, 3010))
-    with redis.Redis.from_url(cluster.url) as client:
-        store = ParkStore(client, "funnel:")
-        wait_for(lambda: store.counts().get(TASK, 0) == 10, 60)  # all parked, none ran
-    assert cluster.starts(3000, 4000) == []
-    wait_for(lambda: ran(cluster, 3000, 10), 120)
-    starts = cluster.starts(3000, 4000)
+    store = ParkStore(redis.Redis.from_url(cluster.url), "funnel:")
+    wait_for(lambda: store.counts().get(TASK, 0) == 10, 10)  # all parked, none ran
+    assert cluster.starts(3000) == []
+    wait_for(lambda: len(cluster.starts(3000)) == 10, 20)
+    starts = cluster.starts(3000)
     print(f"measured: first start {starts[0] - ends:.3f} s after the pause's ttl ended")
     assert starts[0] >= ends
-    # a hang, not a speed: parked for a pause, they are checked again after 60 s
-    assert starts[0] - ends < 30.0, "released when the pause ended, not after 60 s"
-    once_each(cluster, 3000, 10)
+    assert starts[0] - ends < 5.0, "released when the pause ended, not after 60 s"
     assert control.overrides(cluster.app) == {}, "the expired override is gone"
