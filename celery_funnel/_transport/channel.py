@@ -58,7 +58,7 @@ class Channel(redis.Channel):
 
     QoS = QoS
     #: the wake marker list of a queue (``%s``: the queue's name), beside kombu's keys
-    wake_key = "_celery_funnel.wake.%s"
+    wake_key = "celery_funnel:wake:%s"
     from_transport_options: tuple[str, ...] = (  # type: ignore[assignment]
         *redis.Channel.from_transport_options, "wake_key",
     )  # fmt: skip

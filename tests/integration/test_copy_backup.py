@@ -13,7 +13,9 @@ from collections.abc import Iterator
 from functools import partial
 
 import pytest
+import redis
 
+from celery_funnel._stores.park import ParkStore
 from celery_funnel.testing import CeleryWorkers, RedisServer
 from tests.integration.proj import backups, close_app, make_app, runs
 from tests.integration.test_one_gate import ROOT, once_each, send
@@ -106,3 +108,39 @@ def test_with_the_transport_a_copy_needs_no_backup(
         assert backups(funnels.url) == []
     finally:
         close_app(app)
+
+
+def test_a_backup_is_claimed_for_its_copy_never_due_like_a_parked_task(
+    broker: RedisServer, funnels: RedisServer
+) -> None:
+    """4 tasks of ``proj.slow`` on one worker, nothing lost: each copy published again
+    is backed up in the parked store, claimed for that copy at once, so it is never
+    listed as due for a release (a releaser would publish it a second time) nor counted
+    as parked; sampled over the whole run, and every task runs once."""
+    app = make_app(broker.url, funnels.url, task_ignore_result=True)
+    due: set[str] = set()
+    counted: list[dict[str, int]] = []
+    backups = 0
+    try:
+        with (
+            worker(broker.url, funnels.url, "b", "-c", "2") as one,
+            redis.Redis.from_url(funnels.url) as client,
+        ):
+            one.wait_ready()
+            store = ParkStore(client, "funnel:")
+            sent = send(app, "proj.slow", 4)
+
+            def sampled() -> bool:
+                nonlocal backups
+                backups = max(backups, store.count())
+                due.update(p.task_id for p in store.entries())
+                counted.extend([store.counts()] if store.counts() else [])
+                return ran(funnels.url, 4)
+
+            wait_for(sampled, 60)
+        once_each(funnels.url, "proj.slow", set(sent))
+    finally:
+        close_app(app)
+    assert backups >= 1, "the copies published again were backed up"
+    assert due == set(), "a backup waits claimed for its copy, not due for a release"
+    assert counted == [], "nor is it counted as parked"

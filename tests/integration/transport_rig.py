@@ -54,7 +54,7 @@ def held(broker_url: str, prefix: str = "") -> int:
     with redis.Redis.from_url(broker_url) as client:
         queued = sum(
             client.llen(key) for key in client.scan_iter(f"{prefix}*")
-            if client.type(key) == b"list" and b"_celery_funnel.wake." not in key
+            if client.type(key) == b"list" and b"celery_funnel:wake:" not in key
             and b"pidbox" not in key
         )  # fmt: skip
         return int(queued) + int(client.hlen(f"{prefix}unacked"))
