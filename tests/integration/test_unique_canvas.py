@@ -18,7 +18,7 @@ from celery import Celery, chain, chord, group, states
 
 from celery_funnel._config.options import unique_of
 from celery_funnel._config.runtime import runtime_for
-from celery_funnel._gate.follow import Follow, Next, unique_funnel
+from celery_funnel._shared.follow import Follow, Next, unique_funnel
 from tests.integration.proj import RELEASE, close_app, make_app, runs
 from tests.polling import wait_for
 
