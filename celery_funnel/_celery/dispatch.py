@@ -30,7 +30,7 @@ DELIST_AFTER_SECONDS = 10.0  # a funnel seen empty is forgotten when no task joi
 
 class Dispatcher:
     """Hands the free slots of every fair funnel with waiting tasks to them (one pass
-    per ``tick``); any number of workers may run one at once: each step is atomic."""
+    per ``tick``); any number of workers may run one at once: each script call is atomic."""
 
     def __init__(self, store: FairStore, late: float = 10.0) -> None:
         self.store, self.late = store, late

@@ -49,8 +49,8 @@ def backoff(task: Any, seconds: float) -> None:
     state = State.from_headers(request.headers)
     state = state._replace(deferrals=state.deferrals + 1, booked=False, passed=())
     subject = Subject(task.name, request.id, runtime.settings.on_backend_error)
-    step = Ruling(run=False, delay=seconds, state=state)
-    in_task.defer(task, runtime, subject, task.name, args, kwargs, step)
+    ruling = Ruling(run=False, delay=seconds, state=state)
+    in_task.defer(task, runtime, subject, task.name, args, kwargs, ruling)
 
 
 def settle(task: Any, actual: int | None, named: Mapping[str, int]) -> bool:

@@ -52,18 +52,18 @@ def decide(task: Any, task_id: str, args: Sequence[Any], kwargs: Mapping[str, An
     )
     state = State.from_headers(headers)
     while True:
-        step = judge(runtime, subject, charges, state)
-        if step.run:
+        ruling = judge(runtime, subject, charges, state)
+        if ruling.run:
             return
-        if step.error is not None:
-            raise step.error
-        if runtime.waiting.in_task(step.delay, eager=bool(request.is_eager)) is Way.PUBLISH:
-            defer(task, runtime, subject, label_of(charges), args, kwargs, step)
+        if ruling.error is not None:
+            raise ruling.error
+        if runtime.waiting.in_task(ruling.delay, eager=bool(request.is_eager)) is Way.PUBLISH:
+            defer(task, runtime, subject, label_of(charges), args, kwargs, ruling)
         # eager mode (throttled on purpose), or under a second on a broker that
         # delays by whole seconds only: wait in place, then redeem the slot
-        report_wait(runtime, subject, label_of(charges), step, requeued=False)
-        time.sleep(step.delay)
-        state = step.state
+        report_wait(runtime, subject, label_of(charges), ruling, requeued=False)
+        time.sleep(ruling.delay)
+        state = ruling.state
 
 
 def defer(
@@ -73,31 +73,31 @@ def defer(
     label: str,
     args: Sequence[Any],
     kwargs: Mapping[str, Any],
-    step: Ruling,
+    ruling: Ruling,
 ) -> None:
-    """Publish the run of ``task`` again for ``step.delay`` (capped), as a new copy
+    """Publish the run of ``task`` again for ``ruling.delay`` (capped), as a new copy
     recorded first (``_shared.copies``), and end this one (raises ``Ignore``). Where the
     funnels' Redis cannot record it (it fails, or another send of the task id goes
     first), the copy carries the run's own token: it then goes on as this run's message
     would, delivered again."""
     request = task.request
-    countdown = runtime.countdowns.countdown(step.delay)
+    countdown = runtime.countdowns.countdown(ruling.delay)
     report_wait(
-        runtime, subject, label, step, requeued=True,
+        runtime, subject, label, ruling, requeued=True,
         send_event=task.send_event if runtime.observer.events else None,
     )  # fmt: skip
     token = new_token()
     try:
-        moved = CopyGuard(runtime).move(request, step.state, token)
+        moved = CopyGuard(runtime).move(request, ruling.state, token)
     except (BackendError, CopiesBusyError) as error:
         logger.warning("celery-funnel: task %s[%s]: the copy deferred is not recorded (%s)",
                        task.name, request.id, error)  # fmt: skip
-        moved, token = True, step.state.release
+        moved, token = True, ruling.state.release
     properties = request.properties or {}
     if moved:
         republish(
             task, request, args, kwargs, countdown=countdown,
-            state=requeued(step.state._replace(release=token), countdown),
+            state=requeued(ruling.state._replace(release=token), countdown),
             content_type=properties.get("content_type"),
         )  # fmt: skip
     runtime.observer.quiet_ignored(request.id)

@@ -170,7 +170,7 @@ SETTING_HELP: dict[str, str] = {
     " are held in the worker",
     "funnel_park_lease": "seconds (1 to 3600) a releaser's claim lasts: a releaser that"
     " dies is replaced after this long",
-    "funnel_lease_ttl": "seconds (0.5 to 3600) a concurrency slot lasts unless its worker"
+    "funnel_lease_ttl": "seconds (0.5 to 3600) a concurrency seat lasts unless its worker"
     " renews it: a dead worker's slots return after this long",
     "funnel_log_waits_over": "seconds (0 to 31 536 000); a deferral whose wait is longer is"
     " logged at INFO by the worker, once per deferral: `task NAME[ID] waits N.N s for FUNNEL"

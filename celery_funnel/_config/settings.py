@@ -124,9 +124,9 @@ def _limits(value: Any) -> tuple[tuple[Limit, ...], tuple[ConcurrencyLimit, ...]
     concurrency: list[ConcurrencyLimit] = []
     for key, spec in value.items():
         pattern = _pattern(key)
-        rest, slots = split_entry(pattern, spec)
-        if slots is not None:
-            concurrency.append(slots)
+        rest, seats = split_entry(pattern, spec)
+        if seats is not None:
+            concurrency.append(seats)
         if rest is not None:
             limits.append(parse_limit(rest, pattern=pattern, where=f"funnel_limits[{pattern!r}]"))
     unique_names(limits, "funnel_limits", lambda i: f"[{limits[i].pattern!r}]['name']")
@@ -183,7 +183,7 @@ class FunnelSettings:
     park_after: float = 5.0  # seconds
     park_lease: float = 30.0  # seconds a releaser's claim lasts
     concurrency: tuple[ConcurrencyLimit, ...] = ()  # funnel_limits entries with "concurrency"
-    lease_ttl: float = 30.0  # seconds a concurrency slot lasts unless renewed
+    lease_ttl: float = 30.0  # seconds a concurrency seat lasts unless renewed
     log_waits_over: float = 5.0  # a longer wait is logged at INFO (one line per deferral)
     log_summary_every: float = 60.0  # while tasks wait, a line per funnel this often (0: off)
 

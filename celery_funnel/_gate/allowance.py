@@ -37,19 +37,19 @@ from .arrival import Arrival
 
 __all__ = ["Allowances", "Keep"]
 
-KEYS = 1024  # more funnel keys held than this: those past their time are forgotten
+KEYS = 1024  # more funnel keys taken from than this: those past their time are forgotten
 Keep = Callable[[Any], None]  # told the reply (or error) of a call that asked for units
-Held = tuple[int, float, int]  # units left, the monotonic time past which none is
-# spent, and how many were held at first
+Allowance = tuple[int, float, int]  # units left, the monotonic time past which none is
+# spent, and how many were taken at first
 
 
 class Allowances:
-    """The units this worker holds, per funnel key, for ``runtime``'s funnels under
-    ``live``'s table."""
+    """The units this worker took and has yet to spend, per funnel key, for
+    ``runtime``'s funnels under ``live``'s table."""
 
     def __init__(self, runtime: Runtime, live: Live) -> None:
         self.runtime, self.live = runtime, live
-        self.held: dict[str, Held] = {}
+        self.taken: dict[str, Allowance] = {}
         # the units to ask for next, per funnel key: what the worker spent in its last
         # allowance's time, doubled when it spent them all (few units lost at a worker
         # that starts few runs of the funnel)
@@ -76,14 +76,14 @@ class Allowances:
 
     def spend(self, arrival: Arrival) -> bool:
         """Spend one unit on ``arrival``'s run: whether it is paid for."""
-        if not self.held:  # the common case when nothing is held: one look
+        if not self.taken:  # the common case when nothing is taken: one look
             return False
         charge = self._charge(arrival)
         if charge is None:
             return False
         overridden = self.live.overrides.get(charge.label) is not None
         with self.lock:
-            units, until, first = self.held.pop(charge.key, (0, 0.0, 0))
+            units, until, first = self.taken.pop(charge.key, (0, 0.0, 0))
             if overridden or units < 1:
                 return False  # dropped: overridden or paused
             now = time.monotonic()
@@ -92,7 +92,7 @@ class Allowances:
                 return False
             self.decided[charge.key] = now
             if units > 1:
-                self.held[charge.key] = (units - 1, until, first)
+                self.taken[charge.key] = (units - 1, until, first)
             else:  # all spent in time: ask for more next time
                 self.sizes[charge.key] = min(allowance.MOST, 2 * (first + 1))
         return True
@@ -151,7 +151,7 @@ class Allowances:
 
     def keep(self, key: str, sent: float, reply: Any) -> None:
         """``reply`` (or error) of the call that asked for units of ``key`` at ``sent``
-        (monotonic): the units it took beyond its run's own are held until ``sent``
+        (monotonic): the units it took beyond its run's own are kept until ``sent``
         plus ``SECONDS``. A NOSCRIPT error: allowance.lua is loaded again next time."""
         self.asking.pop(key, None)
         if isinstance(reply, NoScriptError):
@@ -161,17 +161,17 @@ class Allowances:
             return
         until = sent + allowance.SECONDS
         with self.lock:
-            units, before, _ = self.held.get(key, (0, 0.0, 0))
+            units, before, _ = self.taken.get(key, (0, 0.0, 0))
             if units and time.monotonic() < before:  # the older units' time still bounds all
                 extra, until = units + extra, min(until, before)
-            self.held[key] = (extra, until, extra)
-            if len(self.held) > KEYS:
+            self.taken[key] = (extra, until, extra)
+            if len(self.taken) > KEYS:
                 self._sweep()
 
     def _sweep(self) -> None:
         """Forget the units past their time and the calls asking no more (many funnel
         keys: one per customer, say), and the sizes asked for (under the lock)."""
         now = time.monotonic()
-        self.held = {key: held for key, held in self.held.items() if held[1] > now}
+        self.taken = {key: taken for key, taken in self.taken.items() if taken[1] > now}
         self.asking = {k: at for k, at in self.asking.items() if at > now - allowance.SECONDS}
         self.sizes.clear()

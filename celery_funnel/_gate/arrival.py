@@ -1,5 +1,5 @@
 """One request as the worker gate sees it on one pass: read once, passed on to every
-step (slots, decision, waits) instead of each step reading the request again."""
+phase (seats, decision, waits) instead of each phase reading the request again."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def subject_of(
     request: Any, options: TaskOptions, fair: FairAdmit | None, transport: str
 ) -> Subject:
     """The subject ``request`` is judged as: its task's ``options`` (outage policy, dry
-    run); seconds until it expires; ``fair``: the fair-share step (None: none); its
+    run); seconds until it expires; ``fair``: how a fair-share charge is admitted (None: none); its
     priority rank in the order of the broker's ``transport`` ("redis", "amqp" ...)."""
     expires_in = None if request.expires is None else until_expiry(request)
     policy, dry_run = options(request.task)

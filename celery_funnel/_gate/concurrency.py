@@ -12,7 +12,7 @@ A run needs a seat in its FunnelTask's ``funnel_concurrency`` funnel (one per
 ``funnel_key`` value) and in every matching ``funnel_limits`` entry with
 ``"concurrency"`` (one per worker with ``"scope": "worker"``).
 
-How the four steps go is a concurrency funnel's variant (``Variant``): the built-in
+How those four go is a concurrency funnel's variant (``Variant``): the built-in
 one, ``"seats"``, is this module's; an entry's ``"variant"`` names another, registered
 with ``register`` (docs/architecture.md, "Recipe: add a concurrency variant").
 """

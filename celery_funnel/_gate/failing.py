@@ -1,5 +1,5 @@
 """How the worker gate fails a task (``Failing.fail``: as Celery fails one), and the
-guard around each of its steps (``Failing.guarded``): whatever a step raises fails that
+guard around each of its phases (``Failing.guarded``): whatever a phase raises fails that
 one task, and nothing the gate raises reaches Celery's consumer (which would end the
 worker)."""
 
@@ -26,13 +26,13 @@ class Failing:
     def __init__(self, held: Held) -> None:
         self.held = held
 
-    def guarded(self, step: Callable[..., Any], request: Any, *args: Any) -> Any:
-        """``step(request, *args)``: whatever it raises fails that one task, and nothing
+    def guarded(self, phase: Callable[..., Any], request: Any, *args: Any) -> Any:
+        """``phase(request, *args)``: whatever it raises fails that one task, and nothing
         the gate raises reaches Celery's consumer. Should failing it fail too (the
         broker or the result backend gone), the request is forgotten here: the broker
         delivers it again."""
         try:
-            return step(request, *args)
+            return phase(request, *args)
         except Exception as error:
             try:
                 return self.fail(request, error, False)

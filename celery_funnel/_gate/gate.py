@@ -6,7 +6,7 @@ It charges the task's own funnels (FunnelTask options) and every matching worker
 that ``FunnelTask.before_start`` does not charge them again. A task it defers never
 reaches the pool: no ``STARTED`` state, no ``task_prerun``, no "ignored" log line.
 
-One request's path reads top to bottom: read (``Arrival``: charges, slots, header,
+One request's path reads top to bottom: read (``Arrival``: charges, seats, header,
 subject, its ``Delivery``, once) -> accept (a copy that is not its task's accepted one
 is dropped: ``CopyGuard``) -> seats (``Concurrency``) -> decide (in flight,
 ``InFlightDecisions``, or waiting for the reply) -> act (run it, or ``Waits``: hold,
@@ -146,7 +146,7 @@ class WorkerGate:
 
     def _pass(self, request: Any, charges: Sequence[Charge], state: State) -> Any:
         """Decide a held request again (its timer fired, or it was woken): its charges
-        stay the code's; its slots and subject are read anew. Never raises."""
+        stay the code's; its seats and subject are read anew. Never raises."""
         return self.failing.guarded(self._again, request, charges, state)
 
     def _again(self, request: Any, charges: Sequence[Charge], state: State) -> Any:
@@ -162,16 +162,16 @@ class WorkerGate:
         delivery: Delivery,
     ) -> Any:  # fmt: skip
         try:
-            # only a fair-share charge has a fair step (asking for it asks if tasks may
+            # only a fair-share charge has a fair admission (asking for it asks if tasks may
             # be parked, which reads the funnels' Redis now and then)
-            fair = self.parking.fair_step(request.id) if any(c.fair for c in charges) else None
+            fair = self.parking.fair_admit(request.id) if any(c.fair for c in charges) else None
             subject = subject_of(request, self.options, fair, self.transport)
         except Exception as error:  # a bad option value fails its task only
             return self.failing.fail(request, error, False)
         return self._run(Arrival(request, charges, seats, state, subject, delivery))
 
     def _run(self, arrival: Arrival) -> Any:
-        """Decide ``arrival`` now: its copy, slots, then the funnels; run, wait or fail it."""
+        """Decide ``arrival`` now: its copy, seats, then the funnels; run, wait or fail it."""
         request = arrival.request
         if request.revoked():  # revoked, or expired while it waited: Celery ends it
             self.held.backend_of(request)  # revoked() stored REVOKED with it
@@ -191,16 +191,21 @@ class WorkerGate:
                 lease, waits = self.concurrency.take(arrival)
                 if lease is None:
                     return waits
-            step = self.decisions.spend(arrival) if lease is None else None  # a unit held
-            if step is None and lease is None and arrival.charges and self.decisions.send(arrival):
+            ruling = self.decisions.spend(arrival) if lease is None else None  # a unit taken
+            if (
+                ruling is None
+                and lease is None
+                and arrival.charges
+                and self.decisions.send(arrival)
+            ):
                 return None  # carried on by ``decided`` when the reply comes
-            if step is None:
-                step = self._decide(arrival) if arrival.charges else RUN
+            if ruling is None:
+                ruling = self._decide(arrival) if arrival.charges else RUN
         except Exception as error:  # one task fails, the worker runs on
             if lease is not None:
                 self.concurrency.free(lease)
             return self.failing.fail(request, error, False)
-        return self._decided(arrival, step, lease)
+        return self._decided(arrival, ruling, lease)
 
     def _accept(self, arrival: Arrival) -> Any:
         """Check ``arrival``'s copy: go on (decide it), drop it (a stale copy), or, when
@@ -220,12 +225,12 @@ class WorkerGate:
         """A follower of ``holder`` (``follow``): ``OWN`` when it runs its own body (it
         holds the key), else what the gate returns (it waits, or completes)."""
         try:
-            step = self.follow.step(arrival.request, holder)
+            found = self.follow.next(arrival.request, holder)
         except BackendError:  # the funnels' Redis fails: it waits (outage back-off)
             return self.waits.wait(arrival, waiting(self.runtime, arrival.state))
-        if step is Next.OWN:
+        if found is Next.OWN:
             return OWN
-        if step is Next.WAIT:
+        if found is Next.WAIT:
             return self.waits.wait(arrival, Follow.waiting(arrival.state))
         Follow.complete(arrival.request)
         return self._admit(arrival, None)
@@ -235,22 +240,22 @@ class WorkerGate:
         charges stay the code's (held requests keep them); overrides apply here, to
         every decision, from the table the live thread keeps fresh."""
         charges, state = arrival.charges, arrival.state
-        paused = self.live.paused_step(charges, state, parked=lambda: self.parking.on)
+        paused = self.live.paused_ruling(charges, state, parked=lambda: self.parking.on)
         if paused is not None:
             return paused
         return judge(self.runtime, arrival.subject, self.live.apply(charges), state)
 
-    def _decided(self, arrival: Arrival, step: Ruling, lease: Lease | None) -> Any:
-        """Act on ``step``: run the request, make it wait, or fail it."""
-        self.live.count(labels_of(arrival.charges), step.run)
-        if step.run:
+    def _decided(self, arrival: Arrival, ruling: Ruling, lease: Lease | None) -> Any:
+        """Act on ``ruling``: run the request, make it wait, or fail it."""
+        self.live.count(labels_of(arrival.charges), ruling.run)
+        if ruling.run:
             return self._admit(arrival, lease)
         self.inflight.deferred()
         if lease is not None:  # a rate refused it: nothing stays charged
             self.concurrency.free(lease)
-        if step.error is not None:
-            return self.failing.fail(arrival.request, step.error, True)
-        return self.waits.wait(arrival, step)
+        if ruling.error is not None:
+            return self.failing.fail(arrival.request, ruling.error, True)
+        return self.waits.wait(arrival, ruling)
 
     def _admit(self, arrival: Arrival, lease: Lease | None) -> Any:
         """Run the request: the run is decided and paid (``FunnelTask.before_start``
@@ -299,7 +304,7 @@ class WorkerGate:
         self.copies.runs_cut()
 
     def close(self) -> None:
-        """Stop sweeping; give back the slots still held; close the result-backend
+        """Stop sweeping; give back the seats still held; close the result-backend
         connections the gate opened."""
         self.held.close()
         self.concurrency.close()

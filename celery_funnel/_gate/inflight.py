@@ -1,7 +1,7 @@
 """Decisions in flight (``InFlightDecisions``): the worker gate sends a run's decision
 without waiting, on its own connection (``inflight_connection``, read the lean way where
 it can: ``inflight_lean``), and carries the run on when the reply comes, through the
-same steps as a decision waited for. While the reply travels, the message is kept out
+same phases as a decision waited for. While the reply travels, the message is kept out
 of the consumer's prefetch window (``window``, bounded), so that the next one is
 fetched meanwhile.
 
@@ -73,7 +73,7 @@ class InFlightDecisions:
 
     def send(self, arrival: Arrival) -> bool:
         """Send ``arrival``'s decision without waiting for it, when it is one script
-        call: not for fair-share funnels (their step is not one call) nor paused ones
+        call: not for fair-share funnels (their decision is not one call) nor paused ones
         (decided here, no call). Only a first arrival's, and only while no task was
         deferred lately (``inflight_connection.CALM_SECONDS``): a task that waits comes back to
         redeem its slot at its time, decided as before."""
@@ -149,14 +149,14 @@ class InFlightDecisions:
             if keep is not None:
                 keep(reply)
             if isinstance(reply, BaseException):
-                step = self.decide(arrival)
+                ruling = self.decide(arrival)
             elif admits is not None and admits(reply if isinstance(reply, list) else [reply]):
-                step = self._admitted(arrival.subject, arrival.label)
+                ruling = self._admitted(arrival.subject, arrival.label)
             else:
-                step = decide(funnel=self.inflight.replay(reply, self.runtime.funnel._eval))
+                ruling = decide(funnel=self.inflight.replay(reply, self.runtime.funnel._eval))
         except Exception as error:  # one task fails, the worker runs on
             return self.fail(arrival.request, error, False)
-        return self.decided(arrival, step, None)
+        return self.decided(arrival, ruling, None)
 
     def _admitted(self, subject: Subject, label: str) -> Ruling:
         """What ``judge`` answers and reports for a reply that admits: Redis answered,

@@ -66,8 +66,8 @@ class Parking:
         if self.persistence is not None:
             self.persistence.start()
 
-    def fair_step(self, task_id: str) -> FairAdmit | None:
-        """The gate's step on fair-share charges of task ``task_id`` (None with parking
+    def fair_admit(self, task_id: str) -> FairAdmit | None:
+        """How the gate admits fair-share charges of task ``task_id`` (None with parking
         off: fair funnels are then ordinary ones)."""
         if not self.on or self.fair is None:
             return None

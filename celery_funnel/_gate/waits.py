@@ -53,29 +53,29 @@ class Plan(NamedTuple):
 
 class Act(NamedTuple):
     """What one way does: ``how`` reports name the wait (one of ``_config.observe.HOW``:
-    ``held``, ``parked``, ``republished``), and ``run(waits, arrival, step, plan)``
-    makes ``arrival``, refused with ``step``, wait."""
+    ``held``, ``parked``, ``republished``), and ``run(waits, arrival, ruling, plan)``
+    makes ``arrival``, refused with ``ruling``, wait."""
 
     how: str
     run: Callable[[Waits, Arrival, Ruling, Plan], object]
 
 
-def _park(waits: Waits, arrival: Arrival, step: Ruling, plan: Plan) -> None:
-    waits.park(arrival, step, arrival.label)
+def _park(waits: Waits, arrival: Arrival, ruling: Ruling, plan: Plan) -> None:
+    waits.park(arrival, ruling, arrival.label)
 
 
-def _hold(waits: Waits, arrival: Arrival, step: Ruling, plan: Plan) -> None:
-    waits.hold(arrival, step.state._replace(waited=step.state.waited + plan.hold), plan.hold)
+def _hold(waits: Waits, arrival: Arrival, ruling: Ruling, plan: Plan) -> None:
+    waits.hold(arrival, ruling.state._replace(waited=ruling.state.waited + plan.hold), plan.hold)
 
 
-def _back_off(waits: Waits, arrival: Arrival, step: Ruling, plan: Plan) -> None:
+def _back_off(waits: Waits, arrival: Arrival, ruling: Ruling, plan: Plan) -> None:
     """No copy can be recorded (the funnels' Redis fails): hold what is left, then the
     message is handed back."""
-    waits.retry(arrival, step.state, plan.left)
+    waits.retry(arrival, ruling.state, plan.left)
 
 
-def _publish(waits: Waits, arrival: Arrival, step: Ruling, plan: Plan) -> None:
-    waits.republish(arrival, step)
+def _publish(waits: Waits, arrival: Arrival, ruling: Ruling, plan: Plan) -> None:
+    waits.republish(arrival, ruling)
 
 
 # every way the wait policy chooses for a refused run, and its act (``Way.WAITER``, a
@@ -102,55 +102,55 @@ class Waits:
         self.runtime, self.parking, self.copies = runtime, parking, copies
         self.held, self.events, self.publish = held, events, publish
 
-    def report(self, arrival: Arrival, step: Ruling, label: str, *, how: str) -> None:
+    def report(self, arrival: Arrival, ruling: Ruling, label: str, *, how: str) -> None:
         """Report a deferral (signals, log line, Celery event): ``how`` it waits
         (``held``, ``parked``, ``republished``)."""
         report_wait(
-            self.runtime, arrival.subject, label, step, requeued=how != "held",
+            self.runtime, arrival.subject, label, ruling, requeued=how != "held",
             send_event=self.events(arrival.request), how=how,
         )  # fmt: skip
 
-    def wait(self, arrival: Arrival, step: Ruling) -> None:
-        """Hold, park, publish again or hand back ``arrival``, refused with ``step``."""
+    def wait(self, arrival: Arrival, ruling: Ruling) -> None:
+        """Hold, park, publish again or hand back ``arrival``, refused with ``ruling``."""
         until = until_expiry(arrival.request)
         # a booked slot is honoured a little early: aim there, timers fire late
-        aim = step.delay - lead(arrival.charges) if step.booked else step.delay
+        aim = ruling.delay - lead(arrival.charges) if ruling.booked else ruling.delay
         hold = min(max(aim, 0.0), until)
         budget = arrival.delivery.hold_left()
         way = self.runtime.waiting.way(
-            step.delay, hold, hold_left=budget, until_expiry=until, parking=self._parking,
-            queued=bool(step.queued), outage=step.outage,
+            ruling.delay, hold, hold_left=budget, until_expiry=until, parking=self._parking,
+            queued=bool(ruling.queued), outage=ruling.outage,
         )  # fmt: skip
         act = self.acts[way]
-        self.report(arrival, step, arrival.label, how=act.how)
-        act.run(self, arrival, step, Plan(hold, budget))
+        self.report(arrival, ruling, arrival.label, how=act.how)
+        act.run(self, arrival, ruling, Plan(hold, budget))
 
     def _parking(self) -> bool:
         return self.parking.on
 
-    def republish(self, arrival: Arrival, step: Ruling) -> None:
+    def republish(self, arrival: Arrival, ruling: Ruling) -> None:
         """Publish the task again as a new copy for the capped countdown, recorded
         first; ack the message held after."""
         request = arrival.request
         # never past its expiry: it then arrives expired, and ends as Celery ends those
-        countdown = min(self.runtime.countdowns.countdown(step.delay), until_expiry(request))
+        countdown = min(self.runtime.countdowns.countdown(ruling.delay), until_expiry(request))
         token = new_token()
         arrival.delivery.accepted = False  # a copy may exist from now: checked again
         try:
-            if not self._record(arrival, step, token, countdown):
+            if not self._record(arrival, ruling, token, countdown):
                 self._stale(request)
                 return
             self.publish(
                 request.task, request._context, request.args, request.kwargs,
-                countdown=countdown, state={**requeued(step.state, countdown), "release": token},
+                countdown=countdown, state={**requeued(ruling.state, countdown), "release": token},
                 content_type=request.content_type, content_encoding=request.content_encoding,
             )  # fmt: skip
         except Exception as error:
-            self._kept(arrival, step, "could not publish deferred task %s[%s] again (%r)", error)
+            self._kept(arrival, ruling, "could not publish deferred task %s[%s] again (%r)", error)
             return
         ack(request)
 
-    def _record(self, arrival: Arrival, step: Ruling, token: str, countdown: float) -> bool:
+    def _record(self, arrival: Arrival, ruling: Ruling, token: str, countdown: float) -> bool:
         """Record copy ``token`` of ``arrival`` before it is published with ``countdown``:
         with a backup of it (``Parking.back_up``) where one is kept, else in the copies'
         records. False when the copy held is stale.
@@ -160,18 +160,18 @@ class Waits:
         """
         request = arrival.request
         if self.parking.backs_up:
-            state = requeued(step.state, 0.0)
+            state = requeued(ruling.state, 0.0)
             return self.parking.back_up(request, state, arrival.label, token, countdown)
         return self.copies.move(request, arrival.state, token)
 
-    def _kept(self, arrival: Arrival, step: Ruling, line: str, error: Exception) -> None:
+    def _kept(self, arrival: Arrival, ruling: Ruling, line: str, error: Exception) -> None:
         """Moving ``arrival`` failed with ``error`` (logged as ``line`` says, with the
         task's name, id and the error): keep its message, try again shortly. Another
         send of its id going first is no fault: logged at INFO."""
         request = arrival.request
         level = logging.INFO if isinstance(error, CopiesBusyError) else logging.WARNING
         logger.log(level, f"celery-funnel: {line}", request.name, request.id, error)
-        self.retry(arrival, step.state, BACKOFF_FIRST_SECONDS)
+        self.retry(arrival, ruling.state, BACKOFF_FIRST_SECONDS)
 
     def retry(self, arrival: Arrival, state: State, delay: float) -> None:
         """Hold ``arrival`` ``delay`` seconds (at most what its delivery has left) to
@@ -201,19 +201,19 @@ class Waits:
         ack(request)
 
     def park(
-        self, arrival: Arrival, step: Ruling, label: str, queue: Callable[[], None] | None = None
+        self, arrival: Arrival, ruling: Ruling, label: str, queue: Callable[[], None] | None = None
     ) -> bool:
         """Park the task in the funnels' Redis until its slot (``queue``: the call that
         queues it for one, ``Parking.park``); ack the original after. False when it
         could not be parked (it is held, to try again shortly)."""
         request = arrival.request
-        fair = fair_charge(arrival.charges, step.queued)
+        fair = fair_charge(arrival.charges, ruling.queued)
         arrival.delivery.accepted = False  # parked from now, should the reply be lost
         try:
-            state, rank = requeued(step.state, 0.0), arrival.subject.rank or 0
-            fresh = self.parking.park(request, state, step.delay, label, fair, rank, queue)
+            state, rank = requeued(ruling.state, 0.0), arrival.subject.rank or 0
+            fresh = self.parking.park(request, state, ruling.delay, label, fair, rank, queue)
         except Exception as error:
-            self._kept(arrival, step, "could not park deferred task %s[%s] (%r)", error)
+            self._kept(arrival, ruling, "could not park deferred task %s[%s] (%r)", error)
             return False
         if not fresh:
             self._stale(request)

@@ -1,4 +1,4 @@
-"""What one call does at a full funnel (``on_limit``): the one atomic step of
+"""What one call does at a full funnel (``on_limit``): the one atomic call of
 ``Funnel.limit`` (``guard``), the same on every store.
 
 ``"wait"`` on a GCRA funnel books the call's slot (``reserve``: the funnel's TAT moves
@@ -40,7 +40,7 @@ class Rule:
         self.limit, self.on_limit, self.max_wait = limit, on_limit, max_wait
         self.strategy = strategies.get(limit.strategy)
 
-    def step(self, key: str, cost: int, waited: float, store: Any) -> Admission:
+    def decide(self, key: str, cost: int, waited: float, store: Any) -> Admission:
         """One atomic decision on ``store`` for a call of ``cost`` units on ``key``
         after ``waited`` seconds of waiting already."""
         limit = self.limit

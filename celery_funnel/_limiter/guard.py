@@ -8,7 +8,7 @@ manager (``with``, ``async with``). Each call takes ``cost`` units of the funnel
 When the funnel is full: ``on_limit="wait"`` books the call's slot (a GCRA
 ``reserve``: waiters start in the order they came, each sleeping exactly until its
 slot, no polling) and sleeps; ``"raise"`` raises ``Limited``; ``"skip"`` returns None
-without calling. A decision is one atomic step on the funnel (``admission.Rule.step``),
+without calling. A decision is one atomic call on the funnel (``admission.Rule.decide``),
 run directly on a ``Funnel`` or awaited on an ``AsyncRedisFunnel``; only the sleeping
 differs.
 """
@@ -94,7 +94,7 @@ class LimitGuard(Generic[X]):
         self.funnel, self.on_limit, self.max_wait = funnel, on_limit, max_wait
         self.name, self.prefix = name, prefix
         self._rule = Rule(self.limit, on_limit, max_wait)
-        # an AsyncRedisFunnel runs a step awaited; any other funnel, directly
+        # an AsyncRedisFunnel runs a decision awaited; any other funnel, directly
         self._awaited = inspect.iscoroutinefunction(getattr(funnel, "_run", None))
 
     @overload
@@ -195,7 +195,7 @@ class LimitGuard(Generic[X]):
         key, cost = self._call(name, fn, args, kwargs)
         waited = 0.0
         while True:
-            admission = self._rule.step(key, cost, waited, self.funnel)
+            admission = self._rule.decide(key, cost, waited, self.funnel)
             if admission.wait > 0:
                 time.sleep(admission.wait)
                 waited += admission.wait
@@ -208,8 +208,8 @@ class LimitGuard(Generic[X]):
         key, cost = self._call(name, fn, args, kwargs)
         waited = 0.0
         while True:
-            step = functools.partial(self._rule.step, key, cost, waited)
-            admission = await self.funnel._run(step) if self._awaited else step(self.funnel)
+            decision = functools.partial(self._rule.decide, key, cost, waited)
+            admission = await self.funnel._run(decision) if self._awaited else decision(self.funnel)
             if admission.wait > 0:
                 await asyncio.sleep(admission.wait)
                 waited += admission.wait

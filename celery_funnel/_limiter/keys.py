@@ -17,10 +17,10 @@ name is ``<task>`` and each limit's key is ``:<index>[:<key part>]`` after it. A
 worker-wide ``funnel_limits`` entry is ``limit:<pattern>``, or
 ``limit:<pattern>:<worker>`` with ``"scope": "worker"``.
 
-A concurrency limit (``_stores.concurrency``) keeps its slots beside its funnel's key, in the
-same slot: ``#leases`` (task id -> end of its lease), ``#lease-info`` (who holds each
-slot) and ``#waiters`` (the parked tasks waiting for a slot, the broker's priority
-first, then arrival).
+A concurrency limit (``_stores.concurrency``) keeps its seats beside its funnel's key,
+in the same Cluster slot: ``#leases`` (task id -> end of its lease), ``#lease-info`` (who
+holds each seat) and ``#waiters`` (the parked tasks waiting for a seat, the broker's
+priority first, then arrival).
 
 Parked tasks (``_stores.park``) share one tag of their own, ``{~parked}`` (no funnel name
 starts with ``~``): ``<prefix>{~parked}#due``, ``#entries``, ``#claims``, ``#leases``,

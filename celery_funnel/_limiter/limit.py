@@ -1,7 +1,7 @@
 """``Limit``: one limit of the limiter layer (rate, capacity, strategy, key, cost), and the
-one atomic step that checks it against a funnel backend.
+one atomic call that checks it against a funnel backend.
 
-The limiter owns keys and policy; the backend only runs one atomic step per call.
+The limiter owns keys and policy; the backend only runs one atomic script call per decision.
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ class Limit:
         redeem: bool = False,
         late: float | None = None,
     ) -> Verdict:
-        """One atomic step on ``funnel``: a reservation (GCRA with a ``ticket``) or a
+        """One atomic call on ``funnel``: a reservation (GCRA with a ``ticket``) or a
         plain decision. ``cost`` 0 always runs."""
         if cost == 0:
             return Verdict(run=True)
@@ -171,7 +171,7 @@ def check_all(
     redeem: bool,
     late: float | None,
 ) -> Verdict:
-    """Several GCRA limits in one atomic step, all or nothing: a reservation under
+    """Several GCRA limits in one atomic call, all or nothing: a reservation under
     ``ticket``, else admit-now-or-refuse. The keys must share a hash slot."""
     shapes = [
         Shape(key, limit.capacity - 1, limit.rate.count, limit.rate.period, cost)

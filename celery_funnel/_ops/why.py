@@ -4,7 +4,7 @@ Asked in this order, the cheap and certain first:
 
 1. the parked tasks (``_stores.park``, by task id): parked until its release time, or a
    waiter queued for a seat of a concurrency funnel (``#waiters``), or the backup of a
-   copy published again (then the workers are asked too, step 3);
+   copy published again (then the workers are asked too, item 3);
 2. the result backend: a ready state (SUCCESS, FAILURE, REVOKED) means it ran or ended;
    REVOKED as "duplicate of <id>" means a worker collapsed it into that task
    (``_celery.unique``);

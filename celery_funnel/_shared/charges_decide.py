@@ -2,9 +2,9 @@
 charged exactly once per run of the task.
 
 GCRA funnels whose keys may meet in one script (any standalone Redis; one hash tag on a
-Cluster) are decided all or nothing in one atomic step: admitted when all admit, else one
+Cluster) are decided all or nothing in one atomic call: admitted when all admit, else one
 slot is booked, the latest of them, in every funnel at once, and nothing else is taken.
-Funnels that cannot share a step (other strategies, several Cluster slots) are decided
+Funnels that cannot share a call (other strategies, several Cluster slots) are decided
 one at a time in a fixed order, in one round trip, stopping at the first refusal; the
 ones already passed are remembered in the task's header and not charged again.
 """
@@ -89,7 +89,7 @@ def _book(
 
 
 FairAdmit = Callable[[Charge, int], Verdict]
-"""The worker gate's step on a fair-share charge (``_shared.fair.admit``): the charge and
+"""How the worker gate admits a fair-share charge (``_shared.fair.admit``): the charge and
 how often its ticket came too late."""
 
 
@@ -125,7 +125,7 @@ def decide(
     """The verdict over every charge not yet passed, and the indexes passed after it;
     ``booking``: the ticket to book under (None: admit now or refuse) and its priority
     rank (None: none); ``max_wait``: book no slot further away (seconds; None: no
-    bound); ``fair``: the step on a fair-share charge (None: decided as any other);
+    bound); ``fair``: how a fair-share charge is admitted (None: decided as any other);
     ``funnel``: the store to decide on (None: the runtime's; ``_gate.inflight`` passes one
     that records or replays).
 
@@ -153,12 +153,16 @@ def decide(
         )  # fmt: skip
         return verdict, state.passed
     # one at a time, in order, stopping at the first refusal (one round trip on Redis)
-    steps = [
-        _step(charge, ticket, state, redeem and n == 0, max_wait)
+    decisions = [
+        _decision(charge, ticket, state, redeem and n == 0, max_wait)
         for n, (_, charge) in enumerate(pending)  # a booking is held on the first only
     ]
-    # one step (the common case) is one script already: no chain to build
-    verdicts = funnel._decide_in_order(steps, _admits) if len(steps) > 1 else [steps[0](funnel)]
+    # one decision (the common case) is one script already: no chain to build
+    verdicts = (
+        funnel._decide_in_order(decisions, _admits)
+        if len(decisions) > 1
+        else [decisions[0](funnel)]
+    )
     passed = (*state.passed, *(i for (i, _), v in zip(pending, verdicts, strict=False) if v.run))
     return (verdicts[-1] if not verdicts[-1].run else Verdict(run=True)), passed
 
@@ -167,7 +171,7 @@ def _admits(verdict: Verdict) -> bool:
     return verdict.run
 
 
-def _step(
+def _decision(
     charge: Charge, ticket: Ticket | None, state: State, redeem: bool, max_wait: float | None
 ) -> Callable[[Funnel], Verdict]:
     """One charge's decision, on any store: booked under ``ticket`` (GCRA), else plain."""

@@ -18,7 +18,7 @@ half the limit unless ``funnel_max_countdown`` says otherwise):
   message sent with an ETA past a lowered cap still runs at its ETA): no run
   starts from this delivery after it, whatever delayed it (a Redis call that hung, an
   event loop that stalled); the message is handed back to the broker instead
-  (``hand_back``). A hand-back is the broker's own requeue, in one step: the Redis
+  (``hand_back``). A hand-back is the broker's own requeue, in one call: the Redis
   transport moves the message back to its queue only if it is still un-acked (a
   redelivery that happened meanwhile stays the only copy), RabbitMQ requeues it. No
   second copy appears, so nothing can run twice from it;

@@ -1,4 +1,4 @@
-"""The gate's side of fair-share funnels (``_limiter.fair``): the gate's step and the
+"""The gate's side of fair-share funnels (``_limiter.fair``): the gate's admission and the
 queueing of a refused task; the dispatcher each worker's releaser runs is
 ``_celery.dispatch``'.
 
@@ -48,7 +48,7 @@ def fair_of(limit: Limit, run: Any, args: Sequence[Any], kwargs: Mapping[str, An
 
 
 def fair_charge(charges: Sequence[Charge], queued: int) -> tuple[Charge, bool] | None:
-    """For a step that ``queued`` the task: its fair charge, and whether it goes in
+    """For an admission that ``queued`` the task: its fair charge, and whether it goes in
     front of its tenant's queue (it missed its slot); else None."""
     if not queued:
         return None
@@ -63,7 +63,7 @@ def shape_of(charge: Charge) -> tuple[int, int, int]:
 
 
 def admit(store: FairStore, task_id: str, charge: Charge, stale: int) -> Verdict:
-    """The gate's step on a fair charge: run, wait for its booked slot, or queue. Its
+    """The gate's admission of a fair charge: run, wait for its booked slot, or queue. Its
     ticket is honoured up to one slot's width late, doubled each time it came too late
     (``stale``), as the gate's own bookings are.
 

@@ -7,7 +7,7 @@ Celery carries its canvas on as if it had run. A holder that ended without an ou
 (revoked, never run, a result nobody stored) leaves its key to the follower, which then
 runs its own body. A key is never run by two bodies at once.
 
-The gate checks a follower on each pass (``Follow.step``): while the holder keeps the
+The gate checks a follower on each pass (``Follow.next``): while the holder keeps the
 key it waits (held, parked or published again, as any wait), polled at growing
 intervals; once the holder's outcome is stored, the request is handed to the pool as
 ``celery_funnel.follow`` (``FOLLOW_TASK``, registered by ``install``), whose run
@@ -82,7 +82,7 @@ class Follow:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
 
-    def step(self, request: Any, holder: str) -> Next:
+    def next(self, request: Any, holder: str) -> Next:
         """Where the follower ``request`` (a Celery worker Request) of ``holder`` stands.
 
         Raises:

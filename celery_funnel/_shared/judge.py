@@ -47,8 +47,8 @@ class Subject(NamedTuple):
     """The run being judged: task ``name`` and ``task_id``; ``policy``: its
     ``funnel_on_backend_error``; ``dry_run``; ``eager``: an eager run (no broker to
     defer through, so "raise" is the only outage answer besides "allow"); ``expires_in``:
-    seconds until it expires, past which no slot is booked for it; ``fair``: the step
-    on a fair-share charge (the worker gate with parking on; None: an ordinary funnel);
+    seconds until it expires, past which no slot is booked for it; ``fair``: how a fair-share
+    charge is admitted (``FairAdmit`` (the worker gate with parking on; None: an ordinary funnel);
     ``rank``: its place among the tasks waiting for a slot, the broker's priority order
     (0 first; ``_limiter.fair.rank``), None where no priority applies (eager runs).
     A named tuple: one is made per run on the gate's path, three times cheaper than a
@@ -173,7 +173,7 @@ def report_wait(
     runtime: Runtime,
     subject: Subject,
     label: str,
-    step: Ruling,
+    ruling: Ruling,
     *,
     requeued: bool,
     send_event: Any = None,
@@ -183,7 +183,7 @@ def report_wait(
     ``how`` it waits (held, parked, republished; by default from ``requeued``)."""
     more = {} if how is None else {"how": how}
     runtime.observer.deferred(
-        subject.name, subject.task_id, label, step.delay,
-        deferrals=step.state.deferrals, booked=step.booked, outage=step.outage,
+        subject.name, subject.task_id, label, ruling.delay,
+        deferrals=ruling.state.deferrals, booked=ruling.booked, outage=ruling.outage,
         requeued=requeued, send_event=send_event, **more,
     )  # fmt: skip

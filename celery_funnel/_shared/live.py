@@ -66,7 +66,7 @@ class Live:
             for label in labels:
                 self._counts[(label, second, kind)] += 1
 
-    def paused_step(
+    def paused_ruling(
         self, charges: Sequence[Charge], state: State, *, parked: Callable[[], bool]
     ) -> Ruling | None:
         """The wait of a task of a paused funnel (None: none of ``charges`` is paused),

@@ -2,7 +2,7 @@
 
 A seat is a lease: the task id in a sorted set beside its funnel's key (``#leases``,
 score = when the lease ends), with who holds it (``#lease-info``: token, worker, start).
-The worker gate takes every seat a task needs in one atomic step, before the task
+The worker gate takes every seat a task needs in one atomic call, before the task
 reaches the pool; the run gives them back when it ends, by task id and token (twice is
 harmless); the worker renews the leases it holds in one call per interval; a lease not
 renewed (its worker died) runs out, and the next script that touches the funnel frees
@@ -128,7 +128,7 @@ class ConcurrencyStore(RedisStore):
     Raises (every method): ``BackendError`` when Redis fails.
     """
 
-    what = "the concurrency slots"
+    what = "the concurrency seats"
 
     def __init__(self, client: RedisClient, prefix: str, ttl: float) -> None:
         super().__init__(client)

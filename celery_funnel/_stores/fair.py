@@ -92,7 +92,7 @@ class FairStore(RedisStore):
     def admit(
         self, key: str, task_id: str, shape: tuple[int, int], grace: tuple[int, int], tenant: str
     ) -> tuple[int, int]:
-        """The gate's step on fair funnel ``key`` (``fair_admit.lua``): ``shape`` is
+        """The gate's admission on fair funnel ``key`` (``fair_admit.lua``): ``shape`` is
         (increment, tau) µs, ``grace`` (early, late) µs. Returns (status, delay µs)."""
         reply = self._script(self._admit, fair_keys(key), "", task_id, *shape, *grace, tenant)
         return int(reply[0]), int(reply[1])

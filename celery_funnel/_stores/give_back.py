@@ -40,7 +40,7 @@ SCRIPT = Script.load("give_back", _twin)
 @dataclass(frozen=True)
 class CancelOp:
     """Cancel ``ticket``'s booking on the GCRA funnels ``keys`` (each with its
-    ``(max_burst, count, period, quantity)``), as one atomic step, run by
+    ``(max_burst, count, period, quantity)``), as one atomic call, run by
     ``Funnel.decide`` (a ``scripts.Op``): the tickets live beside the first key. Answers
     how many funnels took the slot back."""
 

@@ -1,7 +1,8 @@
-"""What the stores of the funnels' Redis share (parked tasks ``park``, concurrency slots
-``leases``, fair-share queues ``fair``, the backlog): scripts loaded once from the
-package's Lua files by the one loader (``_limiter.scripts``), and every script or command
-run with a Redis failure raised as ``BackendError`` naming the store."""
+"""What the stores of the funnels' Redis share (parked tasks ``park``, concurrency
+funnels' seats ``concurrency``, fair-share queues ``fair``, the backlog): scripts loaded
+once from the package's Lua files by the one loader (``_limiter.scripts``), and every
+script or command run with a Redis failure raised as ``BackendError`` naming the
+store."""
 
 from __future__ import annotations
 

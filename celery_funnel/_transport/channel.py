@@ -202,8 +202,8 @@ class Channel(redis.Channel):
         yield ("lpush", self._q_for_pri(queue, pri), dumps(message))
         expires = (getattr(self, "_expires", None) or {}).get(queue)
         if expires:
-            for step in self.priority_steps:
-                yield ("pexpire", self._q_for_pri(queue, step), expires)
+            for priority in self.priority_steps:
+                yield ("pexpire", self._q_for_pri(queue, priority), expires)
             yield ("pexpire", self.fetch.marker(queue), expires)
 
     def _do_restore_message(

@@ -1,5 +1,5 @@
 """The fetch: one call of ``lua/fetch.lua`` that takes a message off the first non-empty
-queue list, in kombu's order, and writes its un-acked record in the same step.
+queue list, in kombu's order, and writes its un-acked record in the same call.
 
 ``Fetch`` knows a channel's keys (its ``global_keyprefix`` added by hand: kombu's
 prefixing client prefixes only an EVALSHA's first key) and builds the command, sent on

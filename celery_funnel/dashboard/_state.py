@@ -172,8 +172,8 @@ def series(app: Any, since: float | None = None) -> dict[str, Any]:
             if not start <= second < now:
                 continue
             for name in label.split("+"):
-                slot = counts.setdefault(name, {}).setdefault(second, [0, 0])
-                slot[0 if kind == "a" else 1] += int(value)
+                bucket = counts.setdefault(name, {}).setdefault(second, [0, 0])
+                bucket[0 if kind == "a" else 1] += int(value)
     return {
         "start": start, "end": now, "keep": SERIES_KEEP_SECONDS,
         "funnels": {

@@ -1,7 +1,7 @@
 -- adapt.lua: the adaptive rate of a GCRA funnel whose upstream publishes no limits:
 -- on a refusal (HTTP 429) it drops multiplicatively, while calls succeed it climbs back
--- additively, at most one step per `every`, within [min, max], shared by every worker.
--- After a refusal at rate R the climb stops one step below R for `probe` (below
+-- additively, at most one increase per `every`, within [min, max], shared by every worker.
+-- After a refusal at rate R the climb stops one increase below R for `probe` (below
 -- R * (1 + decrease) / 2 when R is under the last refusal's rate): the rate settles
 -- under the upstream's limit instead of drawing a 429 on every climb.
 --

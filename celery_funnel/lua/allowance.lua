@@ -1,5 +1,5 @@
 -- allowance.lua: take a worker's allowance, k units of one GCRA funnel in one call, while
--- the funnel stays far from full; else nothing here, and reserve.lua's step follows
+-- the funnel stays far from full; else nothing here, and reserve.lua's decision follows
 -- unchanged (this file is its head: _limiter/strategies/allowance.py joins them).
 --
 -- KEYS[1], KEYS[2]  as reserve.lua's (tickets, ranks): not touched here

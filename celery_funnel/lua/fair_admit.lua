@@ -1,4 +1,4 @@
--- fair_admit.lua: the gate's step for a task on a fair funnel.
+-- fair_admit.lua: the gate's admission of a task on a fair funnel.
 --
 -- KEYS     the ten of _fair.lua
 -- ARGV[1]  now in microseconds since the epoch, or "" to use the server's TIME

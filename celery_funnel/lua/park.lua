@@ -19,7 +19,7 @@
 -- when a worker accepts the copy, and published again by a releaser should none have
 -- by the end of its claim (the copy was lost on its way: kombu's Redis transport takes
 -- a message off the queue before it records it as delivered).
--- Parking is a move of the task to the parked entry, in one step: from then on the
+-- Parking is a move of the task to the parked entry, in one call: from then on the
 -- entry holds it, and every copy delivered (the original, should its ack be lost) is
 -- dropped; its release publishes the one copy that goes on.
 

@@ -29,7 +29,7 @@
 
 local now = now_us(ARGV[1])
 if #KEYS == 3 and ARGV[3] ~= '1' then
-  -- one funnel and nothing to redeem: when it admits now, this is gcra.lua's step,
+  -- one funnel and nothing to redeem: when it admits now, this is gcra.lua's decision,
   -- and the gate's common case (a task that need not wait) costs no more than it
   local inc, tau = tonumber(ARGV[8]), tonumber(ARGV[9])
   local tat = tonumber(redis.call('GET', KEYS[3])) or now

@@ -155,16 +155,16 @@ def test_a_follower_that_holds_the_key_itself_goes_on(standalone_url: str) -> No
         follow, unique = Follow(runtime_for(app)), runtime_for(app).unique
         request = SimpleNamespace(task=task, args=("k",), kwargs={}, id="follower")
         assert unique.claim(funnel, "followed", spec.ttl)[0]
-        assert follow.step(request, "followed") is Next.WAIT, "the one followed holds it"
+        assert follow.next(request, "followed") is Next.WAIT, "the one followed holds it"
         assert unique.free(funnel, "followed")  # ended without an outcome (never stored)
-        assert follow.step(request, "followed") is Next.OWN, "it takes the key"
+        assert follow.next(request, "followed") is Next.OWN, "it takes the key"
         held = unique.holder(funnel)
         assert held is not None
         assert held[0] == "follower"
-        assert follow.step(request, "followed") is Next.OWN, "its own key: it goes on"
+        assert follow.next(request, "followed") is Next.OWN, "its own key: it goes on"
         assert unique.free(funnel, "follower")
         task.backend.mark_as_done("followed", 7)  # the one followed stored an outcome
         assert unique.claim(funnel, "third", spec.ttl)[0]
-        assert follow.step(request, "followed") is Next.COMPLETE
+        assert follow.next(request, "followed") is Next.COMPLETE
     finally:
         close_app(app)

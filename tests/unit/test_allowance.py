@@ -74,7 +74,7 @@ def _held(fakes: Fakes, units: int = 10) -> tuple[Allowances, Arrival]:
 def test_each_unit_is_spent_once(fakes: Fakes) -> None:
     allowances, arrival = _held(fakes)
     assert [allowances.spend(arrival) for _ in range(10)] == [True] * 9 + [False]
-    assert allowances.held == {}
+    assert allowances.taken == {}
 
 
 def test_units_from_several_threads_are_spent_once_each(fakes: Fakes) -> None:
@@ -98,7 +98,7 @@ def test_units_are_dropped_when_their_time_is_up(fakes: Fakes) -> None:
     arrival = _arrival(fakes)
     allowances.keep("{fakes}:k", time.monotonic() - allowance.SECONDS, LEASED)
     assert allowances.spend(arrival) is False
-    assert allowances.held == {}
+    assert allowances.taken == {}
 
 
 def test_units_of_many_funnel_keys_past_their_time_are_forgotten(fakes: Fakes) -> None:
@@ -106,9 +106,9 @@ def test_units_of_many_funnel_keys_past_their_time_are_forgotten(fakes: Fakes) -
     old = time.monotonic() - allowance.SECONDS
     for n in range(KEYS):
         allowances.keep(f"{{fakes}}:{n}", old, LEASED)
-    assert len(allowances.held) == KEYS
+    assert len(allowances.taken) == KEYS
     allowances.keep("{fakes}:k", time.monotonic(), LEASED)  # one more: the sweep
-    assert list(allowances.held) == ["{fakes}:k"]
+    assert list(allowances.taken) == ["{fakes}:k"]
 
 
 def test_newer_units_never_stretch_older_ones_time(fakes: Fakes) -> None:
@@ -116,14 +116,14 @@ def test_newer_units_never_stretch_older_ones_time(fakes: Fakes) -> None:
     early = time.monotonic() - allowance.SECONDS / 2
     allowances.keep("{fakes}:k", early, LEASED)
     allowances.keep("{fakes}:k", time.monotonic(), LEASED)
-    assert allowances.held["{fakes}:k"] == (18, early + allowance.SECONDS, 18)
+    assert allowances.taken["{fakes}:k"] == (18, early + allowance.SECONDS, 18)
 
 
 def test_a_worker_asks_for_what_it_spent_in_its_last_allowances_time(fakes: Fakes) -> None:
     allowances, arrival = _held(fakes)  # 9 units held, k = 10 from the rate
     allowances.loaded = True
     assert [allowances.spend(arrival), allowances.spend(arrival)] == [True, True]
-    allowances.held["{fakes}:k"] = (7, time.monotonic() - 1, 9)  # their time is up
+    allowances.taken["{fakes}:k"] = (7, time.monotonic() - 1, 9)  # their time is up
     assert allowances.spend(arrival) is False
     assert allowances.wanted(arrival, arrival.charges, _reserve(arrival))[0][2][-1] == 3
     allowances.keep("{fakes}:k", time.monotonic(), [*LEASED[:4], 3])
@@ -143,7 +143,7 @@ def test_an_override_or_a_pause_drops_the_units_at_once(fakes: Fakes, entry: Ove
     assert allowances.spend(arrival) is False
     table.load({})
     assert allowances.spend(arrival) is False  # gone, not only set aside
-    assert allowances.held == {}
+    assert allowances.taken == {}
 
 
 def test_the_simple_run_asks_for_k_units_once_the_funnel_is_decided_densely(

@@ -1,10 +1,10 @@
-"""A decision written once, run awaited: ``awaited`` runs any step over a ``Funnel`` (its
-methods, a limit's check) with its script calls sent by a coroutine.
+"""A decision written once, run awaited: ``awaited`` runs any decision written over a
+``Funnel`` (its methods, a limit's check) with its script calls sent by a coroutine.
 
-A step runs against ``KnownReplies``, a store that answers its script calls from the replies
-known so far and stops it (``Needs``) at the first call not answered yet; the coroutine
-sends that call (or batch: ``decide``), and the step runs again from its start
-with one more reply known. Arguments are built and replies decoded by the strategies,
+A decision runs against ``KnownReplies``, a store that answers its script calls from the
+replies known so far and stops it (``Needs``) at the first call not answered yet; the
+coroutine sends that call (or batch: ``decide``), and the decision runs again from its
+start with one more reply known. Arguments are built and replies decoded by the strategies,
 as on every other store; only the round trip is awaited.
 """
 
@@ -23,8 +23,8 @@ RunMany = Callable[[Sequence[Call]], Awaitable[list[Reply]]]
 
 
 class Needs(BaseException):
-    """A step needs the replies to ``calls``. A BaseException, so that no ``except
-    Exception`` in a step mistakes it for a failure."""
+    """A decision needs the replies to ``calls``. A BaseException, so that no ``except
+    Exception`` in a decision mistakes it for a failure."""
 
     def __init__(self, calls: Sequence[Call]) -> None:
         super().__init__()
@@ -53,12 +53,12 @@ class KnownReplies(Funnel):
         raise NotImplementedError("reset is a store's own command, not a script")
 
 
-async def awaited(step: Callable[[Funnel], T], run_many: RunMany) -> T:
-    """What ``step`` answers on a store whose script calls ``run_many`` sends (one
-    round trip per call or batch the step makes; a decision makes one)."""
+async def awaited(decision: Callable[[Funnel], T], run_many: RunMany) -> T:
+    """What ``decision`` answers on a store whose script calls ``run_many`` sends (one
+    round trip per call or batch the decision makes; a decision makes one)."""
     known: list[list[Reply]] = []
     while True:
         try:
-            return step(KnownReplies(known))
+            return decision(KnownReplies(known))
         except Needs as needs:
             known.append(await run_many(needs.calls))

@@ -23,7 +23,7 @@ T = TypeVar("T")
 
 
 class Funnel(ABC):
-    """A store of funnels. Each method is one atomic step on one funnel (one round trip
+    """A store of funnels. Each method is one atomic call on one funnel (one round trip
     on Redis); ``decide`` runs any list of operations (``ThrottleOp``, ``ReserveOp``,
     ``SettleOp``, ``AlignOp``, ``HoldOp``, ``AdaptOp``...) in one round trip, and the
     batch methods (``throttle_many``, ``reserve_all``, ``settle_all``, ``align_all``) are
@@ -58,13 +58,13 @@ class Funnel(ABC):
         return [op.answer(reply) for op, reply in zip(ops, replies, strict=True)]
 
     def _decide_in_order(
-        self, steps: Sequence[Callable[[Funnel], T]], admits: Callable[[T], bool]
+        self, decisions: Sequence[Callable[[Funnel], T]], admits: Callable[[T], bool]
     ) -> list[T]:
-        """Run ``steps`` (each one decision on this store) in order until one does not
+        """Run ``decisions`` (each one decision on this store) in order until one does not
         ``admit``; their answers. One round trip where the store allows (RedisFunnel)."""
         answers: list[T] = []
-        for step in steps:
-            answers.append(step(self))
+        for decision in decisions:
+            answers.append(decision(self))
             if not admits(answers[-1]):
                 break
         return answers
@@ -205,7 +205,7 @@ class Funnel(ABC):
         return self.settle_all([Settle(key, count, period, units)], now=now)[0]
 
     def settle_all(self, funnels: Sequence[Settle], *, now: float | None = None) -> list[float]:
-        """``settle`` on several GCRA funnels in one atomic step (one round trip); the
+        """``settle`` on several GCRA funnels in one atomic call (one round trip); the
         keys must share one Redis Cluster hash slot. Per funnel, seconds until idle."""
         return self.decide([SettleOp(funnels, now)])[0] if funnels else []
 
@@ -229,7 +229,7 @@ class Funnel(ABC):
         return self.align_all([row], now=now)[0]
 
     def align_all(self, funnels: Sequence[Align], *, now: float | None = None) -> list[float]:
-        """``align`` on several GCRA funnels in one atomic step (one round trip); the
+        """``align`` on several GCRA funnels in one atomic call (one round trip); the
         keys must share one Redis Cluster hash slot. Per funnel, seconds until idle."""
         return self.decide([AlignOp(funnels, now)])[0] if funnels else []
 

@@ -124,11 +124,11 @@ class RedisFunnel(Funnel):
         return as_reply(reply)
 
     def _decide_in_order(
-        self, steps: Sequence[Callable[[Funnel], T]], admits: Callable[[T], bool]
+        self, decisions: Sequence[Callable[[Funnel], T]], admits: Callable[[T], bool]
     ) -> list[T]:
-        """The steps' scripts as one script (``backends/_chain.py``), where they can be."""
-        answers = _chain.chained(self._eval, steps, admits, self._one_slot)
-        return answers if answers is not None else super()._decide_in_order(steps, admits)
+        """The decisions' scripts as one script (``backends/_chain.py``), where they can be."""
+        answers = _chain.chained(self._eval, decisions, admits, self._one_slot)
+        return answers if answers is not None else super()._decide_in_order(decisions, admits)
 
     def _one_slot(self, keys: Sequence[str]) -> bool:
         """Whether one script may take ``keys``: always, but on a Cluster one slot."""

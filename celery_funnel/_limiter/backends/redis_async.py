@@ -121,9 +121,9 @@ class AsyncRedisFunnel:
         funnel._sentinels = list(getattr(manager, "sentinels", ()))
         return funnel
 
-    async def _run(self, step: Callable[[Funnel], T]) -> T:
-        """What ``step`` (code written for a ``Funnel``) answers on these funnels."""
-        return await awaited(step, self._run_many)
+    async def _run(self, decision: Callable[[Funnel], T]) -> T:
+        """What ``decision`` (code written for a ``Funnel``) answers on these funnels."""
+        return await awaited(decision, self._run_many)
 
     async def _run_many(self, calls: Sequence[Call]) -> list[Reply]:
         if not self._warm:

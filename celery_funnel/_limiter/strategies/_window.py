@@ -1,4 +1,4 @@
-"""What the window strategies share: the grant rule and the reply-to-Decision step."""
+"""What the window strategies share: the grant rule and the reply read into a Decision."""
 
 from __future__ import annotations
 

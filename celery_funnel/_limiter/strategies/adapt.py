@@ -3,7 +3,7 @@
 multiplies the rate by ``decrease``, and while calls succeed it climbs back by
 ``increase`` per second, between ``min`` and the code's rate: one drop per ``every``
 seconds at most (a burst of concurrent 429s counts once), and a climb only ``every``
-after the last change. After a refusal at rate R, the climb stops one step below R
+after the last change. After a refusal at rate R, the climb stops one increase below R
 for ``probe`` seconds (below ``R * (1 + decrease) / 2`` when R is under the last
 refusal's rate: the limit fell, as TCP CUBIC's fast convergence reads it): the rate
 settles under the upstream's limit instead of drawing a 429 on each climb, and looks
@@ -54,8 +54,8 @@ class Adaptive:
         """The script's ARGV[3..8] for a limit whose code rate is ``limit_rate``."""
         fast = emission_us(limit_rate.count, limit_rate.period)
         slow = max(emission_us(self.min.count, self.min.period), fast)
-        step = self.increase or self.min
-        return [fast, slow, round(self.decrease * US), round(step.count * US / step.period),
+        climb = self.increase or self.min
+        return [fast, slow, round(self.decrease * US), round(climb.count * US / climb.period),
                 round(self.every * US), round(self.probe * US)]  # fmt: skip
 
 

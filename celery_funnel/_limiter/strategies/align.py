@@ -67,15 +67,15 @@ def _floor(row: Align) -> int:
 
 
 def align_call(rows: Sequence[Align], now: float | None) -> Call:
-    """The script call aligning every row in one atomic step (arguments checked)."""
+    """The script call aligning every row in one atomic call (arguments checked)."""
     return SCRIPT, [row.key for row in rows], [clock_arg(now_us(now)), *map(_floor, rows)]
 
 
 @dataclass(frozen=True)
 class AlignOp:
     """``Funnel.align_all`` as an operation (``scripts.Op``): every row aligned in one
-    atomic step (the keys must share a Cluster hash slot); per row, the seconds until
-    its funnel is idle."""
+    atomic call (the keys must share a Cluster hash slot); per row, the seconds until
+        its funnel is idle."""
 
     rows: Sequence[Align]
     now: float | None = None

@@ -1,10 +1,10 @@
 """A worker's allowance on a GCRA funnel: ``k`` units taken in one call and spent by
 the worker itself, without a call per run, while the funnel is far from full.
 
-``allowance.lua`` is the head of ``reserve.lua``'s step on one funnel: when the funnel,
+``allowance.lua`` is the head of ``reserve.lua``'s call on one funnel: when the funnel,
 charged ``k`` units at once, still has at least half its tolerance free (its TAT at
 most ``tau / 2`` ahead of now), it takes them and answers ``{0, 0, reset_after, 0,
-k}``; otherwise it takes nothing and reserve.lua's own step follows, for one unit,
+k}``; otherwise it takes nothing and reserve.lua's own decision follows, for one unit,
 exactly as without an allowance (admitted, booked, refused). So near full every run is
 decided on its own, as before.
 
@@ -93,7 +93,7 @@ class Taken(NamedTuple):
 @dataclass(frozen=True)
 class AllowanceOp:
     """An allowance of ``k`` units as an operation (``scripts.Op``) on one funnel,
-    booked under ``ticket`` when it refuses (``reserve``'s step)."""
+    booked under ``ticket`` when it refuses (``reserve``'s decision)."""
 
     key: str
     max_burst: int

@@ -1,4 +1,4 @@
-"""GCRA, the funnel of the seeds: ``CL.THROTTLE`` semantics, one atomic step per call.
+"""GCRA, the funnel of the seeds: ``CL.THROTTLE`` semantics, one atomic script call per decision.
 
 The funnel keeps one number per key, its TAT (theoretical arrival time). A request for
 ``q`` units moves the TAT ``q * T`` later, and is admitted when the moved TAT is at most

@@ -61,7 +61,7 @@ def _change(row: Settle) -> int:
 
 
 def settle_call(rows: Sequence[Settle], now: float | None) -> Call:
-    """The script call settling every row in one atomic step (arguments checked)."""
+    """The script call settling every row in one atomic call (arguments checked)."""
     changes = [_change(row) for row in rows]
     return SCRIPT, [row.key for row in rows], [clock_arg(now_us(now)), MAX_TOLERANCE_US, *changes]
 
@@ -74,8 +74,8 @@ def decode(reply: Reply) -> list[float]:
 @dataclass(frozen=True)
 class SettleOp:
     """``Funnel.settle_all`` as an operation (``scripts.Op``): every row settled in one
-    atomic step (the keys must share a Cluster hash slot); per row, the seconds until
-    its funnel is idle again."""
+    atomic call (the keys must share a Cluster hash slot); per row, the seconds until
+        its funnel is idle again."""
 
     rows: Sequence[Settle]
     now: float | None = None
