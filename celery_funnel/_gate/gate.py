@@ -39,7 +39,7 @@ from .._shared.follow import Follow, Next, follows_of
 from .._shared.judge import RUN, Ruling, judge, waiting
 from .._shared.live import live_for
 from .._shared.publish import republish
-from .._shared.state import State, put_state
+from .._shared.state import State
 from .._stores.concurrency import Lease
 from .allowance import Allowances
 from .arrival import Arrival, TaskOptions, subject_of
@@ -267,7 +267,7 @@ class WorkerGate:
                 self.concurrency.free(lease)
             self.held.forget(request)
             return hand_back(request, "its delivery's deadline passed before it could start")
-        put_state(request.request_dict, arrival.state.admitted(lease))
+        arrival.state.admit(request.request_dict, lease)
         self.copies.watch_ack(request, arrival.state)
         if lease is not None:
             self.concurrency.started(lease, request)

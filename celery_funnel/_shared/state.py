@@ -104,6 +104,14 @@ class State(NamedTuple):
             header["lease"] = {"token": lease.token, "seats": _written(lease.funnels)}
         return header
 
+    def admit(self, headers: MutableMapping[str, Any], lease: Lease | None) -> None:
+        """Mark a run the worker gate admitted: its header (``admitted``, this process's
+        mark) into its request's ``headers``."""
+        if self is FRESH and lease is None:  # most runs: the mark alone
+            headers[HEADER] = {"gate": _own_mark()}
+        else:
+            headers[HEADER] = self.admitted(lease)
+
     def released(self, token: str, promised: Sequence[ConcurrencyFunnel] = ()) -> dict[str, Any]:
         """The header of a parked copy released to run: what it carries, the ``token``
         of its release, and the seats ``promised`` to it (handed while it waited)."""

@@ -10,7 +10,7 @@ import ast
 from pathlib import Path
 from types import SimpleNamespace
 
-from celery_funnel._shared.state import FRESH, HEADER, State, admitted_by_gate
+from celery_funnel._shared.state import FRESH, HEADER, State, admitted_by_gate, gate_mark
 from celery_funnel._stores.concurrency import ConcurrencyFunnel, Lease
 
 PACKAGE = Path(__file__).resolve().parents[2] / "celery_funnel"
@@ -95,3 +95,14 @@ def test_a_run_reads_its_state_from_its_request() -> None:
     assert State.of_run(by_attribute).deferrals == State.of_run(in_headers).deferrals == 2
     assert State.of_run(SimpleNamespace(id="i", headers=None)) is FRESH
     assert State.of_run(None) is FRESH
+
+
+def test_the_gate_marks_a_run_it_admits_in_its_request() -> None:
+    """``State.admit`` writes what ``admitted`` builds: the mark alone for most runs."""
+    seats = (ConcurrencyFunnel(1, "funnel:{t}", "t"),)
+    for state, lease in ((FRESH, None), (FRESH, Lease("i", "t", seats)), (State(2), None)):
+        request_dict: dict[str, object] = {}
+        state.admit(request_dict, lease)
+        assert request_dict == {HEADER: state.admitted(lease)}
+        assert admitted_by_gate(request_dict)
+    assert FRESH.admitted(None) == {"gate": gate_mark()}
