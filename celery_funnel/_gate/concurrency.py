@@ -20,9 +20,9 @@ with ``register`` (docs/architecture.md, "Recipe: add a concurrency variant").
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 from .._config.options import concurrency_of, option_of
 from .._config.runtime import Runtime
@@ -34,44 +34,13 @@ from .._shared.charges import matching
 from .._shared.judge import Ruling, on_outage
 from .._shared.live import live_for
 from .._shared.overrides import concurrency_for
-from .._stores.concurrency import ConcurrencyFunnel, ConcurrencyStore, Handed, HeldWaiter, Lease
+from .._stores.concurrency import ConcurrencyFunnel, HeldWaiter, Lease
 from .arrival import Arrival
+from .concurrency_services import HandOffs, Renewal, RenewalOf
 from .parking import Parking
 from .waits import Waits
 
-__all__ = [
-    "Concurrency", "HandOffs", "Renewal", "RenewalOf", "Variant", "register", "variant_named",
-]  # fmt: skip
-
-
-class Renewal(Protocol):
-    """This worker's leases, renewed while their runs run: the renewal service
-    (``_celery.concurrency_renewal.RenewalService``), handed to the gate by
-    ``_celery.services``."""
-
-    store: ConcurrencyStore
-
-    def hand_on(self, handed: list[Handed]) -> None: ...
-    def owe(self, lease: Lease) -> None: ...
-    def know(self, funnels: Iterable[ConcurrencyFunnel]) -> None: ...
-    def track(self, lease: Lease, request: Any) -> None: ...
-    def end(self, task_id: str, lease: Lease | None = None, *, force: bool = False) -> None: ...
-    def stop(self) -> None: ...
-
-
-RenewalOf = Callable[[Any, str], Renewal]
-"""The renewal service of an app in this process, for a worker's node name."""
-
-
-class HandOffs(Protocol):
-    """This worker's hand-off listener (``_celery.concurrency_handoff``): told on
-    ``channel`` that a held waiter was handed a seat, it wakes it; started at the first
-    held waiter."""
-
-    channel: str
-
-    def start(self) -> None: ...
-    def stop(self) -> None: ...
+__all__ = ["Concurrency", "Variant", "register", "variant_named"]
 
 
 Admit = Callable[[Arrival, "Lease | None"], Any]  # run it (what the gate returns)

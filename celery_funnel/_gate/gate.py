@@ -43,7 +43,8 @@ from .._shared.state import State
 from .._stores.concurrency import Lease
 from .allowance import Allowances
 from .arrival import Arrival, TaskOptions, subject_of
-from .concurrency import Concurrency, RenewalOf
+from .concurrency import Concurrency
+from .concurrency_services import RenewalOf
 from .failing import Failing
 from .held import Held, cancel_run_booking
 from .inflight import InFlightDecisions

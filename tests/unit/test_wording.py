@@ -156,7 +156,7 @@ def test_one_renewal_type() -> None:
         for _, name, how in _bound(path)
         if how == "class" and name == "Renewal"
     ]
-    assert defined == ["_gate/concurrency.py: Renewal"]
+    assert defined == ["_gate/concurrency_services.py: Renewal"]
 
 
 GLOSSARY_HOME = re.compile(r"`(_\w+(?:/\w+)*\.py)` \(([^)]*)\)")
