@@ -8,6 +8,7 @@ build/dashboard-charts-<width>.png (build/ is not tracked)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -112,11 +113,14 @@ def test_a_full_concurrency_funnel_and_the_charts(
         browser.set_window_size(width, 900)
         browser.get(dashboard.url + "/")
         wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, ROW), 20)
+
         # the workers write their counts about twice a second: the page reads them
-        wait_for(lambda: browser.execute_script(
-            "return window.cfDashboard.admitted[arguments[0]] || 0", TASK) == 2, 30)  # fmt: skip
-        wait_for(lambda: browser.execute_script(
-            "return window.cfDashboard.deferred[arguments[0]] || 0", TASK) >= SENT - 2, 30)  # fmt: skip
+        def total(kind: str) -> int:
+            script = f"return window.cfDashboard.{kind}[arguments[0]] || 0"
+            return int(browser.execute_script(script, TASK))
+
+        wait_for(lambda: total("admitted") == 2, 30)
+        wait_for(lambda: total("deferred") >= SENT - 2, 30)
         cells = [td.text for td in browser.find_elements(By.CSS_SELECTOR, f"{ROW} td")]
         level, parked, running = cells[3], cells[6], cells[8]
         assert "2/2 in use" in level, cells
@@ -133,7 +137,7 @@ def test_a_full_concurrency_funnel_and_the_charts(
             assert 3590 <= span <= 3600, f"{name}: the last hour, not {span} s"
             assert now - chart["max"] < 30, name
             assert len(chart["edges"]) >= 3, chart
-            for (_, right, text), (left, _, after) in zip(chart["edges"], chart["edges"][1:]):
+            for (_, right, text), (left, _, after) in itertools.pairwise(chart["edges"]):
                 assert left - right >= 8, f"{name}: labels {text!r} and {after!r} touch"
         (first, *rest) = charts
         assert all((c["min"], c["max"]) == (first["min"], first["max"]) for c in rest)
