@@ -279,6 +279,11 @@ class WorkerGate:
             return None
 
         def send(type_: str, **fields: Any) -> None:
+            # Celery buffers task events on the event loop (ours are sent at once):
+            # the buffered ones go first, so that a task's ``task-received`` comes
+            # before its first ``funnel-deferred``
+            if getattr(dispatcher, "buffer_group", None):
+                dispatcher.flush(errors=False)
             dispatcher.send(type_, uuid=request.id, **fields)
 
         return send
