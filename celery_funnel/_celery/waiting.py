@@ -1,8 +1,9 @@
 """``celery inspect funnel_waiting``: the tasks waiting in a worker for a funnel, with
 how they wait. ``held``: the worker gate holds it on the consumer's timer (it shows in
 ``inspect scheduled`` too); ``republished``: the gate published it again with a
-countdown, and Celery holds it until then like any ETA task. Parked tasks wait in the
-funnels' Redis, in no worker: ``celery funnel parked`` lists them."""
+countdown, and Celery holds it until then like any ETA task. Each row names the
+funnel(s) it waits on (a republished one's are read from the request again). Parked
+tasks wait in the funnels' Redis, in no worker: ``celery funnel parked`` lists them."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def waiting(consumer: Any) -> list[dict[str, Any]]:
         headers = getattr(scheduled, "request_dict", None)
         if not isinstance(headers, dict) or HEADER not in headers or scheduled.id in ids:
             continue
-        found.append(_row(scheduled, "republished", "", State.from_headers(headers)))
+        label = gate.label_for(scheduled) if isinstance(gate, WorkerGate) else ""
+        found.append(_row(scheduled, "republished", label, State.from_headers(headers)))
     return sorted(found, key=lambda row: row["eta"] or "")
 
 

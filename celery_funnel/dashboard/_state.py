@@ -4,7 +4,6 @@ tasks, and the per-second series the workers' live threads write (``_ops.live``)
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -15,9 +14,10 @@ from .._config.options import debounce_of, unique_of
 from .._config.runtime import runtime_for
 from .._gate.live import SERIES_KEEP_SECONDS, series_key
 from .._limiter.errors import ConfigurationError
-from .._limiter.keys import FunnelKey, live_key
+from .._limiter.keys import FunnelKey
 from .._ops import control
 from .._ops.configured import concurrency_in_force, configured
+from .._ops.live import live_workers
 from .._ops.view import Failure, Found, describe, find, lease_funnels, limit_of
 from .._stores.leases import LeaseStore
 from .._stores.park import ParkStore
@@ -65,13 +65,10 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _waiting(client: Any, prefix: str, now: float) -> dict[str, int]:
+def _waiting(client: Any, prefix: str) -> dict[str, int]:
     """Tasks the live workers hold, by funnel label."""
     total: dict[str, int] = {}
-    for raw in client.hgetall(live_key(prefix, "workers")).values():
-        state = json.loads(raw)
-        if now - float(state.get("at", 0)) > WORKER_FRESH_SECONDS:
-            continue
+    for state in live_workers(client, prefix, WORKER_FRESH_SECONDS).values():
         for label, count in (state.get("waiting") or {}).items():
             total[label] = total.get(label, 0) + int(count)
     return total
@@ -128,7 +125,7 @@ def funnel_state(app: Any, hook: ConcurrencyHook = no_concurrency) -> dict[str, 
     entries = control.overrides(app)
     found = find(client, prefix)
     parked = ParkStore(client, prefix).counts() if runtime.settings.park else {}
-    waiting = _waiting(client, prefix, now)
+    waiting = _waiting(client, prefix)
     by_name: dict[str, list[FunnelKey]] = {}
     known = control.families(app)
     for key in found.funnels:
