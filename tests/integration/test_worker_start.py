@@ -23,6 +23,7 @@ from tests.polling import wait_for
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 ROOT = str(Path(__file__).resolve().parents[2])
 SECRET = "s3cret-never-logged"
+HOST = "10.0.0.5:6379"  # the docs' sample's
 
 
 def test_a_worker_whose_funnels_redis_never_answered_names_the_setting(
@@ -47,6 +48,9 @@ def test_a_worker_whose_funnels_redis_never_answered_names_the_setting(
             assert "The worker starts; its tasks with a funnel wait until it answers" in line
             assert "funnel_on_backend_error='defer'" in line
             assert SECRET not in logs
+            # docs/operations.md's sample is this line, on another host
+            sample = line[line.index("celery-funnel:") :].replace(f"127.0.0.1:{port}", HOST)
+            assert f"\n{sample}\n" in (Path(ROOT) / "docs" / "operations.md").read_text()
             app.tasks["proj.limited"].delay(1)  # waits while the funnels' Redis is down
             # a default user that takes any password (so that the server's own start
             # check needs none): AUTH default <SECRET> passes
