@@ -58,11 +58,17 @@ _PLAIN = (
 
 def did_you_mean(name: str, known: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest of ``known`` to ``name``, else ``""``."""
+    close = closest(name, known)
+    return f" (did you mean {close!r}?)" if close is not None else ""
+
+
+def closest(name: str, known: Iterable[str]) -> str | None:
+    """The one of ``known`` closest to ``name``, if one is close enough."""
     known = list(known)
     # compare what differs: a shared "funnel_" would make any two names look alike
     cut = name.rfind("_", 0, _shared_prefix([name, *known])) + 1  # whole words only
     close = difflib.get_close_matches(name[cut:], [k[cut:] for k in known], n=1, cutoff=0.6)
-    return f" (did you mean {name[:cut] + close[0]!r}?)" if close else ""
+    return name[:cut] + close[0] if close else None
 
 
 def _shared_prefix(words: list[str]) -> int:
