@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 # Bounds on values no one means. Capacity: a burst of more than a million tasks is
-# no limit at all. Countdown: a re-queue sooner than 50 ms is a re-publish loop.
+# no limit at all. Countdown: publishing again sooner than 50 ms is a loop.
 # Timeouts: a Redis call on the consumer's event loop may block it this long at most.
 MAX_CAPACITY = 1_000_000
 MIN_COUNTDOWN = 0.05
