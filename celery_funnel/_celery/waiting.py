@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._gate.charges import label_of
+from .._gate.charges import label_of, labels_of
 from .._gate.gate import WorkerGate
 from .._gate.state import HEADER, State
 
@@ -32,9 +32,21 @@ def waiting(consumer: Any) -> list[dict[str, Any]]:
         headers = getattr(scheduled, "request_dict", None)
         if not isinstance(headers, dict) or HEADER not in headers or scheduled.id in ids:
             continue
-        label = gate.label_for(scheduled) if isinstance(gate, WorkerGate) else ""
+        label = _label(gate, scheduled) if isinstance(gate, WorkerGate) else ""
         found.append(_row(scheduled, "republished", label, State.from_headers(headers)))
     return sorted(found, key=lambda row: row["eta"] or "")
+
+
+def _label(gate: WorkerGate, request: Any) -> str:
+    """The funnels ``request`` waits on, joined as its deferrals report them (its
+    charges', then its seats'); "" when its key cannot be read (its run fails in the
+    gate, not here)."""
+    try:
+        args = (request.type, request.name, request.args, request.kwargs)
+        charges, seats = gate.charges.of(*args), gate.slot_funnels.of(*args)
+    except Exception:  # a funnel_key that fails
+        return ""
+    return "+".join(dict.fromkeys([*labels_of(charges), *(s.label for s in seats)]))
 
 
 def _row(request: Any, how: str, funnel: str, state: State) -> dict[str, Any]:

@@ -288,16 +288,6 @@ class WorkerGate:
 
         return send
 
-    def label_for(self, request: Any) -> str:
-        """The funnels a request waits on, joined as its deferrals report them (its
-        charges', then its seats'); "" when none applies or its key cannot be read."""
-        try:
-            charges = self.charges.of(request.type, request.name, request.args, request.kwargs)
-            seats = self.slot_funnels.of(request.type, request.name, request.args, request.kwargs)
-        except Exception:  # a funnel_key that fails: its run fails in the gate, not here
-            return ""
-        return "+".join(dict.fromkeys([*labels_of(charges), *(s.label for s in seats)]))
-
     def waiting(self) -> dict[str, int]:
         """How many requests this worker holds, per funnel label."""
         return dict(Counter(label_of(charges) for charges in self.held.charges()))

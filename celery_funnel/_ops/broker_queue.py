@@ -54,19 +54,22 @@ def _is(raw: bytes | str, task_id: str) -> bool:
 
 def _redis(app: Any, channel: Any, task_id: str) -> InBroker:
     client, budget, waiting = channel.client, SEARCH_MAX, {}
+    # kombu's client prefixes the commands kombu sends (LLEN, HSET...), not LRANGE or
+    # HSCAN: those take the transport's global_keyprefix here
+    prefix = getattr(channel, "global_keyprefix", "") or ""
     for queue in _queues(app):
         lists = [channel._q_for_pri(queue, pri) for pri in channel.priority_steps]
         waiting[queue] = sum(int(client.llen(key)) for key in dict.fromkeys(lists))
         for key in dict.fromkeys(lists):
             start = 0
             while budget > 0:
-                page = client.lrange(key, start, start + min(PAGE, budget) - 1)
+                page = client.lrange(prefix + key, start, start + min(PAGE, budget) - 1)
                 if not page:
                     break
                 if any(_is(raw, task_id) for raw in page):
                     return InBroker("queue", queue, SEARCH_MAX - budget, waiting)
                 start, budget = start + len(page), budget - len(page)
-    for _, raw in client.hscan_iter(channel.unacked_key, count=PAGE):
+    for _, raw in client.hscan_iter(prefix + channel.unacked_key, count=PAGE):
         budget -= 1
         if _is(raw, task_id):
             return InBroker("unacked", None, SEARCH_MAX - budget, waiting)

@@ -131,22 +131,21 @@ def test_why_tells_where_each_task_is(where: Site, standalone_url: str) -> None:
     assert answer["place"] == 1, answer
     answer = where.answer("mine-" + holder.id, "--task", "proj.unique_held", "--key", "a")
     assert (answer["state"], answer["holder"]) == ("collapsed", holder.id), answer
-    # by the key alone: a collapsed send returned the holder's id, none of its own
-    answer = where.answer("--task", "proj.unique_held", "--key", "a")
-    assert (answer["task_id"], answer["state"]) == (holder.id, "running"), answer
-    assert (answer["task"], answer["unique_key"]) == ("proj.unique_held", KEY_A)
-    by_key = where.why("--task", "proj.unique_held", "--key", "a").stdout
-    assert by_key.startswith(f"unique key {KEY_A} held by task proj.unique_held[{holder.id}]")
-    nobody = where.why("--task", "proj.unique_held", "--key", "b")
-    assert nobody.returncode == 1
-    assert "no task holds it" in nobody.stdout, nobody.stdout
-    assert where.why("--task", "proj.unique_held").returncode == 2, "TASK_ID, or --task and --key"
     wait_for(lambda: dropped.state == "REVOKED", 30)
     answer = where.answer(dropped.id)
     assert (answer["state"], answer["holder"]) == ("collapsed", holder.id), answer
 
     answer = where.answer(held.id)
     assert answer["state"] == "held", answer
+    assert answer["worker"].startswith(where.env["FUNNEL_TEST_QUEUE"] + "-w1@"), answer
+    assert answer["funnel"] == "limit:proj.plain"
+    assert (answer["deferrals"], answer["booked"]) == (1, True), answer
+    assert answer["eta"].endswith("+00:00"), "UTC ISO"
+    # Celery's own query: scheduled (it answered "ready", finished, before)
+    # (asked of its worker only: other tests' workers share the RabbitMQ broadcast)
+    inspect = app.control.inspect(timeout=1, destination=[answer["worker"]])
+    (reply,) = (inspect.query_task(held.id) or {}).values()
+    assert reply[held.id][0] == "scheduled", reply
     # docs/operations.md's sample is this answer, its names and times put back
     shown = where.why(held.id).stdout
     for real, sample in [
@@ -157,15 +156,17 @@ def test_why_tells_where_each_task_is(where: Site, standalone_url: str) -> None:
         shown = shown.replace(real, sample)
     docs = (Path(ROOT) / "docs" / "operations.md").read_text()
     assert f"$ celery -A tasks funnel why 5b3e...\n{shown}```" in docs, shown
-    assert answer["worker"].startswith(where.env["FUNNEL_TEST_QUEUE"] + "-w1@"), answer
-    assert answer["funnel"] == "limit:proj.plain"
-    assert (answer["deferrals"], answer["booked"]) == (1, True), answer
-    assert answer["eta"].endswith("+00:00"), "UTC ISO"
-    # Celery's own query: scheduled (it answered "ready", finished, before)
-    # (asked of its worker only: other tests' workers share the RabbitMQ broadcast)
-    inspect = app.control.inspect(timeout=1, destination=[answer["worker"]])
-    (reply,) = (inspect.query_task(held.id) or {}).values()
-    assert reply[held.id][0] == "scheduled", reply
+
+    # by the key alone: a collapsed send returned the holder's id, none of its own
+    answer = where.answer("--task", "proj.unique_held", "--key", "a")
+    assert (answer["task_id"], answer["state"]) == (holder.id, "running"), answer
+    assert (answer["task"], answer["unique_key"]) == ("proj.unique_held", KEY_A)
+    by_key = where.why("--task", "proj.unique_held", "--key", "a").stdout
+    assert by_key.startswith(f"unique key {KEY_A} held by task proj.unique_held[{holder.id}]")
+    nobody = where.why("--task", "proj.unique_held", "--key", "b")
+    assert nobody.returncode == 1
+    assert "no task holds it" in nobody.stdout, nobody.stdout
+    assert where.why("--task", "proj.unique_held").returncode == 2, "TASK_ID, or --task and --key"
 
     answer = where.answer(parked.id)
     assert answer["state"] == "parked", answer
@@ -303,27 +304,29 @@ def test_why_follows_a_republished_task_back_to_the_broker_and_names_it(
     """Parking off, countdowns capped at 1 s (issue 55, item 4): a republished task's
     answer names its funnel (it named none); with the workers' consumer cancelled, its
     next copy waits in the broker: ``queued``, on both brokers (it was ``unknown``);
-    once run, ``done`` names the task (from the copies' record: no ``result_extended``)."""
+    once run, ``done`` names the task (from the copies' record: no ``result_extended``).
+    ``proj.plain`` runs 1 per 30 s: the third waits a minute, time for the command to
+    see it on a loaded machine."""
     conf = json.dumps({"funnel_park_after": 60.0, "funnel_max_countdown": 1.0})
     found = site(broker_url, standalone_url, FUNNEL_TEST_CONF=conf, FUNNEL_TEST_PARK="0")
     with contextlib.closing(found) as sites:
         here = next(sites)
         app, queue = here.app, here.env["FUNNEL_TEST_QUEUE"]
-        slow = [app.tasks["proj.slow"].delay(n) for n in range(3)]  # 1 per 2 s: 0, 2, 4 s
+        sent = [app.tasks["proj.plain"].delay(n) for n in range(3)]  # at 0, 30 and 60 s
         seen: list[dict[str, Any]] = []
 
         def state(wanted: str) -> bool:
-            seen.append(here.answer(slow[2].id))
+            seen.append(here.answer(sent[2].id))
             return bool(seen[-1]["state"] == wanted)
 
-        wait_for(lambda: state("republished"), 30)
-        assert seen[-1]["funnel"] == "proj.slow", seen[-1]
-        assert "with a countdown by funnel proj.slow" in seen[-1]["where"], seen[-1]
+        wait_for(lambda: state("republished"), 40)
+        assert seen[-1]["funnel"] == "limit:proj.plain", seen[-1]
+        assert "with a countdown by funnel limit:proj.plain" in seen[-1]["where"], seen[-1]
         (worker,) = {s["worker"] for s in seen if s["worker"]}
         app.control.cancel_consumer(queue, destination=[worker], reply=True)
-        wait_for(lambda: state("queued"), 30)
-        assert seen[-1]["task"] == "proj.slow", seen[-1]
+        wait_for(lambda: state("queued"), 40)
+        assert seen[-1]["task"] == "proj.plain", seen[-1]
         app.control.add_consumer(queue, destination=[worker], reply=True)
-        assert [r.get(timeout=60) for r in slow] == [0, 1, 2]
-        done = here.answer(slow[2].id)
-        assert (done["state"], done["task"]) == ("done", "proj.slow"), done
+        assert [r.get(timeout=120) for r in sent] == [0, 1, 2]
+        done = here.answer(sent[2].id)
+        assert (done["state"], done["task"]) == ("done", "proj.plain"), done
