@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .._gate.publish import PUBLISH_TIMEOUT_SECONDS, producer
+from .._gate.publish import publish_message
 from .._gate.state import HEADER
 from .._stores.park import Release
 
@@ -23,20 +23,6 @@ def publish(app: Any, release: Release) -> None:
     message = release.message
     headers = dict(message["headers"])
     headers[HEADER] = {**(headers.get(HEADER) or {}), "release": release.token}
-    properties = dict(message["properties"])
-    delivery_mode = properties.pop("delivery_mode", None)
-    expiration = properties.pop("expiration", None)  # a message TTL (ms, from expires)
-    if expiration is not None:  # what is left of it after the time parked
-        parked_for = time.time() - float(message["meta"]["parked_at"])
-        expiration = max(float(expiration) / 1000 - parked_for, 0.001)
-    queues = app.amqp.queues
-    declare = [queues[name] for name in message["declare"] if name in queues]
-    with producer(app) as confirmed:
-        confirmed.publish(
-            message["body"], exchange=message["exchange"], routing_key=message["routing_key"],
-            headers=headers, content_type=message["content_type"],
-            content_encoding=message["content_encoding"], priority=message["priority"],
-            delivery_mode=delivery_mode, expiration=expiration, declare=declare, retry=True,
-            retry_policy={"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5},
-            confirm_timeout=PUBLISH_TIMEOUT_SECONDS, **properties,
-        )  # fmt: skip
+    # a message TTL (from ``expires``) keeps what is left of it after the time parked
+    parked_for = time.time() - float(message["meta"]["parked_at"])
+    publish_message(app, message, headers, parked_for)

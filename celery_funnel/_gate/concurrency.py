@@ -256,6 +256,7 @@ class Seats:
         worker (or the broker, past what it may hold), woken when handed a seat, and
         looking again every ``LOOK_SECONDS``."""
         state, request = arrival.state, arrival.request
+        live_for(self.runtime.app).count([s.label for s in arrival.slot_funnels], False)
         after = state._replace(deferrals=state.deferrals + 1)
         way, delay = self.runtime.waiting.for_seat(parking=self.parking.on)
         if way is not Way.WAITER:

@@ -220,6 +220,8 @@ def test_the_dashboard_in_a_browser_shows_charts_and_pauses_a_funnel(
         paused_at = control.overrides(cluster.app)[TASK].at
         time.sleep(2.5)  # the chart shows the pause; nothing may start
         SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        height = browser.execute_script("return document.documentElement.scrollHeight")
+        browser.set_window_size(1500, max(1250, height + 200))  # the table and the charts
         browser.save_screenshot(str(SCREENSHOT))
         during = cluster.starts(2000)
         print(
