@@ -44,11 +44,17 @@ read by each worker's live thread about twice a second (``parked`` by queue at m
 
 The gauges (``backend_up``, ``override``, ``parked``, ``waiting``) are the worker's own: only the
 process that called ``enable()`` (a worker's main process, where the worker gate decides)
-sets them, in multiprocess mode ``livemostrecent``, so that the zeros a prefork pool
-process leaves for every metric once it counts anything never show (they carry no time,
-and the most recent value wins). The multiprocess mode cannot remove a series: there, a
-funnel with nothing parked any more reads 0, and an ended override reads NaN (``paused``
-reads 0).
+sets them. In multiprocess mode, ``backend_up``, ``override`` and ``parked`` are
+``livemostrecent``, so that the zeros a prefork pool process leaves for every metric once
+it counts anything never show (they carry no time, and the most recent value wins), and
+``waiting`` is ``liveall``: one series per process (label ``pid``), so that workers
+sharing one ``PROMETHEUS_MULTIPROC_DIR`` each keep their own count (the most recent one
+alone showed one worker's held tasks), and the autoscaling query (``sum`` of held and
+republished, ``max`` of parked) holds there as across separately scraped workers. A
+worker's main process marks itself dead there as it shuts down (its ``live*`` gauges
+go); one killed outright leaves its last values until the directory is emptied. The
+multiprocess mode cannot remove a series: there, a funnel with nothing parked any more
+reads 0, and an ended override reads NaN (``paused`` reads 0).
 """
 
 from __future__ import annotations
@@ -57,13 +63,16 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+from celery.signals import worker_shutdown
 
 from . import signals
 from ._limiter.words import missing_extra
 
 try:
     from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+    from prometheus_client.multiprocess import mark_process_dead
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         missing_extra("celery_funnel.prometheus", "prometheus_client", "prometheus-client")
@@ -117,6 +126,7 @@ class Metrics:
         """Stop counting (the metrics stay registered)."""
         for signal, receiver in self._receivers():
             signal.disconnect(receiver)
+        worker_shutdown.disconnect(self._on_worker_shutdown)
         for registry_id, metrics in list(_enabled.items()):
             if metrics is self:
                 del _enabled[registry_id]
@@ -151,6 +161,12 @@ class Metrics:
 
     def _on_dropped(self, sender: Any = None, funnel: str = "", **_: Any) -> None:
         self.dropped.labels(funnel=funnel).inc()
+
+    def _on_worker_shutdown(self, sender: Any = None, **_: Any) -> None:
+        """The worker's main process ends: in multiprocess mode, its ``live*`` gauges
+        (its held tasks above all) leave the shared directory with it."""
+        if self._owns_gauges() and _multiprocess():
+            mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
 
     def _on_backend_error(self, sender: Any = None, **_: Any) -> None:
         self.backend_errors.inc()
@@ -239,11 +255,13 @@ def enable(registry: CollectorRegistry | None = None) -> Metrics:
     def counter(name: str, doc: str, *labels: str) -> Counter:
         return Counter(prefix + name, doc, list(labels), registry=registry)
 
-    def gauge(name: str, doc: str, *labels: str) -> Gauge:
+    def gauge(
+        name: str, doc: str, *labels: str,
+        mode: Literal["livemostrecent", "liveall"] = "livemostrecent",
+    ) -> Gauge:  # fmt: skip
         # set by the enabling process only: a pool process's zeros never show
         return Gauge(
-            prefix + name, doc, list(labels), registry=registry,
-            multiprocess_mode="livemostrecent",
+            prefix + name, doc, list(labels), registry=registry, multiprocess_mode=mode,
         )  # fmt: skip
 
     metrics = Metrics(
@@ -291,10 +309,12 @@ def enable(registry: CollectorRegistry | None = None) -> Metrics:
             " worker; parked: in the funnels' Redis, the same on every worker)",
             "queue",
             "how",
+            mode="liveall",  # each worker's own count, summed by the query (module doc)
         ),
     )
     metrics.backend_up.set(1)
     for signal, receiver in metrics._receivers():
         signal.connect(receiver, weak=False)
+    worker_shutdown.connect(metrics._on_worker_shutdown, weak=False)
     _enabled[id(registry)] = metrics
     return metrics

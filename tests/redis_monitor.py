@@ -36,6 +36,12 @@ class Write:
     key: str
     tat: float
     caller: str = ""
+    command: tuple[str, ...] = ()  # the caller's command: EVALSHA sha numkeys keys args
+
+    @property
+    def sha(self) -> str:
+        """The SHA1 of the script that wrote it ("" when not run by EVALSHA)."""
+        return self.command[1] if self.command[:1] == ("EVALSHA",) else ""
 
 
 class Monitor:
@@ -121,12 +127,15 @@ class FunnelLog(Monitor):
         self.prefix = prefix
         self.writes: list[Write] = []
         self._caller = ""
+        self._command: tuple[str, ...] = ()
 
     def note(self, at: float, client: str, words: list[str]) -> None:
         if client != "lua":
-            self._caller = client  # a script's calls come right after it (Redis 6.2, 7)
+            # a script's calls come right after it (Redis 6.2, 7)
+            self._caller, self._command = client, tuple(words)
         elif words[:1] == ["SET"] and len(words) >= 3 and words[1].startswith(self.prefix):
-            self.writes.append(Write(at, words[1], int(words[2]) / US, self._caller))
+            tat = int(words[2]) / US
+            self.writes.append(Write(at, words[1], tat, self._caller, self._command))
 
     def steps(self, key: str | None = None) -> list[tuple[Write, float]]:
         """Each write of ``key`` (None: the only key written) with how far it moved the

@@ -160,9 +160,13 @@ def status(ctx: click.Context, as_json: bool) -> None:
     for funnel_key, rate in [] if as_json else sorted(adapted.items()):
         text = texts.get(funnel_key, f"{rate:.3g}/s (lowered by 429s)")
         ctx.obj.echo(f"adaptive: {funnel_key} at {text}")
-    if found.foreign and not as_json:
-        are = "is not a funnel" if found.foreign == 1 else "are not funnels"
-        ctx.obj.echo(f"({plural(found.foreign, 'other key')} under the prefix {are}: left alone)")
+    if found.foreign and not as_json:  # another app's keys, or an older version's
+        prefix = runtime.settings.key_prefix
+        are = "is not" if found.foreign == 1 else "are not"
+        ctx.obj.echo(
+            f"({plural(found.foreign, 'key')} under the prefix {prefix!r} {are}"
+            f" celery-funnel's: not shown, and never reset)"
+        )
 
 
 def _funnel_row(

@@ -27,7 +27,9 @@ def _when(epoch: float) -> str:
 
 def describe_override(app: Any, name: str, entry: Override) -> str:
     """One line: the code's limit, the override, who set it and when, until when."""
-    code = ", ".join(f"{x.rate} capacity {x.capacity}" for x in control.code_limits(app, name))
+    limits = [f"{x.rate} capacity {x.capacity}" for x in control.code_limits(app, name)]
+    n = control.code_concurrency(app, name)
+    code = ", ".join([*limits, *([f"concurrency {n}"] if n is not None else [])])
     changes = [
         f"{field} {value}"
         for field, value in (("rate", entry.rate), ("capacity", entry.capacity),

@@ -1,4 +1,4 @@
-"""How long a re-queue may wait, derived from the broker.
+"""How long a run published again may wait (its countdown), derived from the broker.
 
 An ETA message sits un-acked in a worker until it runs: past the Redis transport's
 ``visibility_timeout`` it is delivered again (and runs twice); past RabbitMQ's
@@ -19,8 +19,8 @@ SAFETY = 0.5  # use at most half of the broker's limit
 
 @dataclass(frozen=True)
 class CountdownPolicy:
-    """``cap``: the longest countdown to publish (longer waits re-queue at the cap and
-    check again); ``whole_seconds``: the broker delays by whole seconds only (quorum
+    """``cap``: the longest countdown to publish (longer waits are published again at the
+    cap and check again); ``whole_seconds``: the broker delays by whole seconds only (quorum
     queues), so countdowns are rounded down and the last second is waited in place;
     ``limit``: how long the broker lets a worker keep a message un-acked (seconds:
     the Redis transport's ``visibility_timeout``, RabbitMQ's ``consumer_timeout``),

@@ -4,12 +4,15 @@ call, at worker start), and the header the task carries between runs."""
 from __future__ import annotations
 
 import inspect
+import os
+import sys
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
+import celery
 from celery import Task
-from celery.utils.log import get_logger
 
 from .._limiter.concurrency import check_concurrency
 from .._limiter.errors import ConfigurationError
@@ -19,7 +22,6 @@ from .._limiter.values import check_fields, did_you_mean, to_bool
 from .dedupe import Debounce, Unique, check_dedupe
 from .outage import check_policy
 
-logger = get_logger(__name__)
 _said: set[tuple[int, str, str, str]] = set()  # rate_limit warnings given
 
 OPTIONS = (
@@ -318,12 +320,25 @@ def check_rate_limit(where: str, get: Getter) -> None:
     if said in _said:  # a task's options are checked more than once per definition
         return
     _said.add(said)
-    logger.warning(
-        "celery-funnel: %s: rate_limit=%r and funnel_rate=%r both apply (rate_limit per"
-        " worker, funnel_rate over every worker); remove rate_limit unless a per-worker"
-        " cap is meant (docs/configuration.md, 'Moving off rate_limit')",
-        where, rate_limit, funnel_rate,
+    # a Python warning: shown where no logging is set up (an import, a shell, a test),
+    # and in a worker's log (Celery routes warnings to logging there)
+    warnings.warn(
+        f"celery-funnel: {where}: rate_limit={rate_limit!r} and funnel_rate={funnel_rate!r}"
+        f" both apply (rate_limit per worker, funnel_rate over every worker); remove"
+        f" rate_limit unless a per-worker cap is meant (docs/configuration.md, 'Moving off"
+        f" rate_limit')",
+        UserWarning, stacklevel=_caller_level(),
     )  # fmt: skip
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside celery-funnel and Celery (the
+    user's ``@app.task`` line, or the worker's start)."""
+    ours = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(celery.__file__))
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(ours):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def check_orphans(where: str, get: Getter) -> None:

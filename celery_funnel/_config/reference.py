@@ -94,7 +94,7 @@ OPTION_HELP: dict[str, tuple[str, str]] = {
         "`True`: while a task of the same `funnel_key` (required) waits or runs, a send"
         " publishes nothing and returns that task's `AsyncResult`; a duplicate sent past"
         " the task (`send_task`) is dropped by the worker, marked REVOKED"
-        " (docs/debounce.md)",
+        " ([Debounce and unique](debounce.md))",
     ),
     "funnel_unique_ttl": (
         "600",
@@ -106,7 +106,7 @@ OPTION_HELP: dict[str, tuple[str, str]] = {
         "seconds: sends of one `funnel_key` (required) collapse into one run, with the last"
         " send's arguments, when no send came for this long; every send gets the run's id;"
         " needs `funnel_park`, and AOF on the funnels' Redis or the broker's own Redis"
-        " server as funnels' Redis (docs/debounce.md)",
+        " server as funnels' Redis ([Debounce and unique](debounce.md))",
     ),
     "funnel_debounce_max": (
         "none: no bound",
@@ -118,7 +118,7 @@ OPTION_HELP: dict[str, tuple[str, str]] = {
         '`{"min": "1/s", "decrease": 0.5, "increase": "1/s", "every": 1.0,'
         ' "probe": 60.0}`: the rate drops on an upstream\'s 429 and climbs back while calls'
         ' succeed, between `min` and `funnel_rate`, for every worker (`"adaptive"` in a'
-        " `funnel_limits` entry; docs/llm.md)",
+        " `funnel_limits` entry; [Token budgets](llm.md))",
     ),
 }
 

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from functools import cached_property
 from typing import Any
 
+from .._limiter.backends._clients import mask_url
 from .._limiter.backends.redis import RedisFunnel
 from .._limiter.errors import ConfigurationError
 from .._limiter.keys import limit_key, task_key
@@ -26,6 +27,11 @@ from .waiting import WaitPolicy
 
 ATTRIBUTE = "_celery_funnel_runtime"
 logger = logging.getLogger("celery_funnel")
+# what a funnelled task does while the funnels' Redis does not answer, by policy
+MEANWHILE = {
+    "defer": "wait until it answers", "allow": "run unthrottled until it answers",
+    "raise": "fail until it answers",
+}  # fmt: skip
 
 
 class Runtime:
@@ -141,8 +147,27 @@ class Runtime:
             funnel, self.settings.key_prefix, parking=self.settings.park,
             persistence=self.persistence,
         )  # fmt: skip
+        findings = [self._named(f) if f.topic == "connection" else f for f in findings]
         report(findings, logger)
         return findings
+
+    def _named(self, finding: Finding) -> Finding:
+        """A connection failure at worker start, naming the setting and its value (as
+        the ``celery funnel`` command does) and saying what the worker does meanwhile:
+        it starts (a Redis that is down now may answer later, as Celery waits for its
+        broker), and its tasks with a funnel follow ``funnel_on_backend_error``; a
+        configuration fault (a refused password, say) fails them until it is fixed."""
+        policy = self.settings.on_backend_error
+        if finding.message.startswith("Redis refused"):
+            meanwhile = "fail until it is fixed (a configuration fault)"
+        else:
+            meanwhile = f"{MEANWHILE.get(policy, policy)} (funnel_on_backend_error={policy!r})"
+        return Finding(
+            finding.level, finding.topic,
+            f"funnel_redis_url={mask_url(self.settings.redis_url)!r}:"
+            f" {finding.message.rstrip('.')}. The worker starts; its tasks with a funnel"
+            f" {meanwhile}: if it never answers, check the setting",
+        )  # fmt: skip
 
     def close(self) -> None:
         """Close the funnel's Redis connections, if any were made (reopened on use)."""

@@ -19,6 +19,7 @@ from .._limiter.values import (
     MAX_TIMEOUT,
     MIN_COUNTDOWN,
     MIN_TIMEOUT,
+    closest,
     did_you_mean,
     number,
     to_bool,
@@ -83,8 +84,9 @@ def check_names(conf: Mapping[str, Any]) -> None:
         name = setting_name(key)
         if name is None or name in _DEFAULTS:
             continue
-        hint = did_you_mean(name, [*_DEFAULTS, *OPTIONS])
-        if any(f"'{option}'" in hint for option in OPTIONS) or name in OPTIONS:
+        close = closest(name, [*_DEFAULTS, *OPTIONS])
+        hint = "" if close is None else f" (did you mean {_spelled(key, close)!r}?)"
+        if close in OPTIONS or name in OPTIONS:
             hint += (
                 " - funnel_rate and the other task options go on a FunnelTask"
                 " (@app.task(base=FunnelTask, funnel_rate=...)) or in task_annotations;"
@@ -92,8 +94,17 @@ def check_names(conf: Mapping[str, Any]) -> None:
             )
         raise ConfigurationError(
             f"app.conf.{key}={conf[key]!r} is not a celery-funnel setting{hint};"
-            f" the settings are {sorted(_DEFAULTS)}"
+            f" the settings are {sorted(_spelled(key, n) for n in _DEFAULTS)}"
         )
+
+
+def _spelled(key: object, name: str) -> str:
+    """Setting ``name`` spelled as ``key`` is (``CELERY_FUNNEL_X``, ``FUNNEL_X`` or
+    ``funnel_x``): a Django project's conf is answered in its own spelling."""
+    text = str(key)
+    if not text.isupper():
+        return name
+    return f"CELERY_{name.upper()}" if text.startswith("CELERY_") else name.upper()
 
 
 def _pattern(pattern: object) -> str:

@@ -64,7 +64,8 @@ class Variant:
             lease = concurrency.lease(arrival, held=held, rank=rank)
         except BackendError as error:
             return None, concurrency.outage(arrival, error)
-        if lease is None:
+        if lease is None:  # a decision on its funnels: counted as live control's table shows
+            live_for(concurrency.runtime.app).count([s.label for s in arrival.seats], False)
             return None, self.wait(concurrency, arrival)
         return lease, None
 

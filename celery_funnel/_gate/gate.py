@@ -248,7 +248,10 @@ class WorkerGate:
 
     def _decided(self, arrival: Arrival, ruling: Ruling, lease: Lease | None) -> Any:
         """Act on ``ruling``: run the request, make it wait, or fail it."""
-        self.live.count(labels_of(arrival.charges), ruling.run)
+        labels = labels_of(arrival.charges)
+        if lease is not None:  # its seats were decided too: their funnels count it
+            labels = (*labels, *(s.label for s in lease.funnels if s.label not in labels))
+        self.live.count(labels, ruling.run)
         if ruling.run:
             return self._admit(arrival, lease)
         self.inflight.deferred()
@@ -285,6 +288,11 @@ class WorkerGate:
             return None
 
         def send(type_: str, **fields: Any) -> None:
+            # Celery buffers task events on the event loop (ours are sent at once):
+            # the buffered ones go first, so that a task's ``task-received`` comes
+            # before its first ``funnel-deferred``
+            if getattr(dispatcher, "buffer_group", None):
+                dispatcher.flush(errors=False)
             dispatcher.send(type_, uuid=request.id, **fields)
 
         return send

@@ -41,7 +41,7 @@ class BackendError(FunnelError):
 
 class CostTooHighError(FunnelError):
     """A task's cost is above its funnel's capacity: it can never run, so it fails at
-    once instead of being re-queued for ever."""
+    once instead of being published again for ever."""
 
 
 class TooManyDeferralsError(FunnelError):

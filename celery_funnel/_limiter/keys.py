@@ -263,9 +263,14 @@ def fair_registry_key(prefix: str) -> str:
 
 
 def is_parked_key(prefix: str, key: str | bytes) -> bool:
-    """Whether ``key`` is one of the parked tasks' keys under ``prefix``."""
+    """Whether ``key`` is one of the parked tasks' keys under ``prefix`` (a debounced
+    key's window among them)."""
     text = key.decode("ascii", "replace") if isinstance(key, bytes) else key
-    return text in parked_keys(prefix) or text == fair_registry_key(prefix)
+    return (
+        text in parked_keys(prefix)
+        or text == fair_registry_key(prefix)
+        or text.startswith(f"{prefix}{{{PARKED_TAG}}}{COMPANION_MARK}{DEBOUNCE}:")
+    )
 
 
 LIVE_TAG = "~live"
@@ -343,9 +348,9 @@ class FunnelKey:
         return not self.rest and self.in_family(f"{LIMIT_NAME}:{_safe_name(pattern or '*')}")
 
 
-# the companions a funnel key may carry: tickets, leases, fair-share queues, the
-# backlog, a unique key
-_COMPANIONS = "|".join((TICKETS, *CONCURRENCY_PARTS, BACKLOG, UNIQUE, "fair(?:-[a-z0-9]+)?"))
+# the companions a funnel key may carry: tickets and their ranks, leases, fair-share
+# queues, the backlog, a unique key
+_COMPANIONS = "|".join((TICKETS, RANKS, *CONCURRENCY_PARTS, BACKLOG, UNIQUE, "fair(?:-[a-z0-9]+)?"))
 
 
 @lru_cache(maxsize=64)

@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 # Bounds on values no one means. Capacity: a burst of more than a million tasks is
-# no limit at all. Countdown: a re-queue sooner than 50 ms is a re-publish loop.
+# no limit at all. Countdown: publishing again sooner than 50 ms is a loop.
 # Timeouts: a Redis call on the consumer's event loop may block it this long at most.
 MAX_CAPACITY = 1_000_000
 MIN_COUNTDOWN = 0.05
@@ -58,11 +58,17 @@ _PLAIN = (
 
 def did_you_mean(name: str, known: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest of ``known`` to ``name``, else ``""``."""
+    close = closest(name, known)
+    return f" (did you mean {close!r}?)" if close is not None else ""
+
+
+def closest(name: str, known: Iterable[str]) -> str | None:
+    """The one of ``known`` closest to ``name``, if one is close enough."""
     known = list(known)
     # compare what differs: a shared "funnel_" would make any two names look alike
     cut = name.rfind("_", 0, _shared_prefix([name, *known])) + 1  # whole words only
     close = difflib.get_close_matches(name[cut:], [k[cut:] for k in known], n=1, cutoff=0.6)
-    return f" (did you mean {name[:cut] + close[0]!r}?)" if close else ""
+    return name[:cut] + close[0] if close else None
 
 
 def _shared_prefix(words: list[str]) -> int:

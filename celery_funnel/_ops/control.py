@@ -27,7 +27,8 @@ from .view import adaptive_rates as adaptive_rates_of
 from .view import find, limit_of
 
 __all__ = [
-    "Override", "adaptive_rates", "code_limits", "families", "funnel_names", "overrides", "owner",
+    "Override", "adaptive_rates", "code_concurrency", "code_limits", "families", "funnel_names",
+    "overrides", "owner",
     "pause",
     "rebase", "release_parked", "resume", "set_override", "unset",
 ]  # fmt: skip
@@ -57,6 +58,16 @@ def code_limits(app: Any, name: str) -> tuple[Limit, ...]:
         return tuple(x for x in runtime_for(app).settings.limits if x.pattern == pattern)
     task = app.tasks.get(name)
     return limits_of(task) if isinstance(task, FunnelTask) else ()
+
+
+def code_concurrency(app: Any, name: str) -> int | None:
+    """The concurrency N funnel ``name`` has in the code (None: none)."""
+    if name.startswith(LIMIT_PREFIX):
+        pattern = name[len(LIMIT_PREFIX) :]
+        found = [x.n for x in runtime_for(app).settings.concurrency if x.pattern == pattern]
+        return found[0] if found else None
+    task = app.tasks.get(name)
+    return concurrency_of(task) if isinstance(task, FunnelTask) else None
 
 
 def _check_name(app: Any, name: str) -> None:

@@ -30,10 +30,23 @@ from .._shared.overrides import Change, Override, changes
 from . import control
 from .queues import QueueCounts
 
-__all__ = ["LiveStep", "LiveThread"]
+__all__ = ["LiveStep", "LiveThread", "live_workers"]
 
 
 ERROR_PAUSE_SECONDS = 2.0
+
+
+def live_workers(client: Any, prefix: str, fresh: float) -> dict[str, dict[str, Any]]:
+    """The workers whose live thread wrote within the last ``fresh`` seconds (their
+    clocks read against this one's): node name -> what it wrote (``at``, ``waiting``:
+    the tasks it holds, by funnel label)."""
+    now, found = time.time(), {}
+    for raw_node, raw in client.hgetall(live_key(prefix, "workers")).items():
+        state = json.loads(raw)
+        if now - float(state.get("at", 0)) <= fresh:
+            node = raw_node.decode() if isinstance(raw_node, bytes) else str(raw_node)
+            found[node] = state
+    return found
 
 
 class LiveThread(Loop):

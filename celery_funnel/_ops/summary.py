@@ -28,7 +28,7 @@ logger = logging.getLogger("celery_funnel")
 
 def summary_lines(rows: Iterable[Mapping[str, Any]], parked: Mapping[str, int]) -> list[str]:
     """One line per funnel with tasks waiting: ``rows`` as ``celery inspect
-    funnel_waiting`` lists them (a republished row names its task, not its funnel),
+    funnel_waiting`` lists them (a row whose funnel is not known names its task),
     ``parked``: parked tasks by funnel label."""
     counts: dict[str, dict[str, int]] = {}
     first: dict[str, datetime] = {}

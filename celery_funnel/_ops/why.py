@@ -15,15 +15,23 @@ Asked in this order, the cheap and certain first:
 5. a unique task's key, when the caller names it (``task``, ``key``): a send collapsed in
    the producer published nothing and left no record under its own id, only the key's
    holder, into which it collapsed;
-6. else unknown.
+6. the broker: its message in a queue (a Redis broker is searched; ``_ops.broker_queue``),
+   or, by the copies' record (``_stores.copies``), a copy published again or released
+   that no worker took up yet: queued;
+7. the copies' record again: a worker took a copy of it up, and nothing above knows it
+   now (it ran with its result not kept, or it moved on meanwhile): accepted;
+8. else unknown: a wrong id, or (RabbitMQ, which cannot be searched) a message in a
+   queue, which the answer then says holds so many messages.
+
+A task moves while it is asked about: when nothing knew it, it is asked once more. The
+workers asked are the ones whose live thread wrote lately (``_ops.live``): each
+broadcast ends as soon as they all answered (``--timeout`` is for one that does not).
 """
 
 from __future__ import annotations
 
-import datetime
-import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import replace
 from typing import Any
 
 from celery import states
@@ -32,102 +40,114 @@ from .._celery.waiting import COMMAND as WAITING
 from .._config.runtime import Runtime
 from .._limiter.keys import concurrency_keys, parked_keys
 from .._shared.state import State
+from .._stores.copies import Copies, Record
 from .._stores.park import decode_message
+from .broker_queue import InBroker, in_broker
+from .live import live_workers
 from .view import find
+from .where import STATES, Where, dumps, utc
 
-__all__ = ["STATES", "Where", "why"]
+__all__ = ["STATES", "Where", "dumps", "utc", "why"]
 
 US = 1_000_000
-# what ``state`` says; ``unknown`` alone makes the command exit 1
-STATES = (
-    "held", "parked", "republished", "waiting", "collapsed", "done", "running", "reserved",
-    "scheduled", "unknown",
-)  # fmt: skip
 DUPLICATE = "duplicate of "  # the reason a worker gives a unique task it dropped
-
-
-@dataclass(frozen=True)
-class Where:
-    """Where task ``task_id`` is (``state``, one of ``STATES``; ``where``, in words)
-    and what is known of its wait. Times are UTC ISO 8601."""
-
-    task_id: str
-    state: str
-    where: str
-    task: str | None = None
-    funnel: str | None = None
-    eta: str | None = None  # held or re-published: when it is decided again
-    release_at: str | None = None  # parked: when the releaser publishes it
-    deferrals: int | None = None
-    booked: bool | None = None  # a slot is booked under its id
-    worker: str | None = None
-    holder: str | None = None  # collapsed: the task it collapsed into
-    result: str | None = None  # done: the result backend's state
-    date_done: str | None = None
-    place: int | None = None  # waiting: its place in the line (1: next)
-
-    def as_dict(self) -> dict[str, Any]:
-        """The JSON object ``--json`` prints."""
-        return asdict(self)
-
-    def lines(self) -> list[str]:
-        """One to three lines for a terminal."""
-        name = f"task {self.task}[{self.task_id}]" if self.task else f"task {self.task_id}"
-        first = f"{name}: {self.state} {self.where}"
-        if self.state == "unknown":
-            return [first]
-        more = []
-        when = self.eta or self.release_at
-        if when:
-            more.append(f"{'runs' if self.state == 'parked' else 'decided again'} at {when}")
-        if self.deferrals is not None:
-            more.append(f"deferrals {self.deferrals}" + (", slot booked" if self.booked else ""))
-        if self.date_done:
-            more.append(f"done at {self.date_done}")
-        return [first, "; ".join(more)] if more else [first]
-
-
-def utc(value: Any) -> str | None:
-    """An epoch time (seconds), a datetime or an ISO text as UTC ISO 8601 (None stays)."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, (int, float)):
-        at = datetime.datetime.fromtimestamp(float(value), datetime.timezone.utc)
-    elif isinstance(value, datetime.datetime):
-        at = value
-    else:
-        at = datetime.datetime.fromisoformat(str(value))
-    if at.tzinfo is None:  # Celery's naive times are UTC
-        at = at.replace(tzinfo=datetime.timezone.utc)
-    return at.astimezone(datetime.timezone.utc).isoformat(timespec="milliseconds")
+# a worker counts as there when its live thread wrote this recently (it writes twice a
+# second; the margin is for clocks that differ between machines)
+LIVE_SECONDS = 60.0
 
 
 def why(
     runtime: Runtime,
-    task_id: str,
+    task_id: str | None,
     *,
     timeout: float = 1.0,
     task: str | None = None,
     key: str | None = None,
 ) -> Where:
-    """Where task ``task_id`` of ``runtime``'s app is. ``timeout``: how long the
-    workers' replies are waited for (each broadcast). ``task`` and ``key``: the task's
-    name and unique key part, to find the task it collapsed into when nothing else
-    knows it.
+    """Where task ``task_id`` of ``runtime``'s app is. ``timeout``: how long a worker's
+    reply is waited for. ``task`` and ``key``: the task's name and unique key part, to
+    find the task it collapsed into when nothing else knows it; without ``task_id``,
+    the task that holds that key.
 
     Raises:
         BackendError: the funnels' Redis failed.
     """
+    if task_id is None:
+        return holding(runtime, task or "", key or "", timeout)
+    found = _look(runtime, task_id, timeout, task, key)
+    if found.state == "unknown":  # it may have moved between two of the places asked
+        found = _look(runtime, task_id, timeout, task, key)
+    return found
+
+
+def _look(
+    runtime: Runtime, task_id: str, timeout: float, task: str | None, key: str | None
+) -> Where:
     client = runtime.funnel.client
+    record = Copies(client, runtime.settings.key_prefix).record(task_id)
     found = parked(runtime, client, task_id) or finished(runtime.app, task_id)
     if found is None or found.state == "republished":  # a backup: the worker holding
-        found = in_workers(runtime.app, task_id, timeout) or found  # its copy says more
+        found = in_workers(runtime, task_id, timeout) or found  # its copy says more
     if found is None and task:
         found = collapsed(runtime, task_id, task, key or "")
-    return found or Where(
-        task_id, "unknown",
-        "(not parked, not held nor running in any worker that answered, no result stored)",
-    )  # fmt: skip
+    broker = None
+    if found is None:
+        try:
+            broker = in_broker(runtime.app, task_id)
+        except Exception:  # the broker cannot be read now: the rest is still said
+            broker = None
+        found = queued(task_id, broker, record)
+    if found is None and record is not None and record.accepted:
+        at = f" at {utc(record.at)}" if record.at else ""
+        found = Where(
+            task_id, "accepted", f"by a worker{at} (its copies' record), and since then"
+            " not waiting nor running in any worker that answered, no result stored: it"
+            " ran with its result not kept, or it moved on meanwhile (ask again)",
+        )  # fmt: skip
+    found = found or Where(task_id, "unknown", _nowhere(broker))
+    name = found.task or (record.task if record else None) or task
+    return found if found.task == name else replace(found, task=name)
+
+
+def _nowhere(broker: InBroker | None) -> str:
+    """What an unknown task is not, with what the broker's queues hold."""
+    said = "(not parked, not held nor running in any worker that answered, no result stored"
+    if broker is None:
+        return said + ")"
+    if broker.searched is not None:
+        complete = "" if broker.complete else f", the first {broker.searched}"
+        return f"{said}, not among the broker's messages{complete}: a wrong id?)"
+    waiting = broker.waiting or {}
+    counts = ", ".join(f"{n} in {queue}" for queue, n in sorted(waiting.items())) or "none"
+    if not any(waiting.values()):
+        return f"{said}, and no message waits in the app's queues ({counts}): a wrong id?)"
+    return (
+        f"{said}; the broker cannot be searched: it may be among the messages waiting in"
+        f" its queues ({counts}), or the id is wrong)"
+    )
+
+
+def queued(task_id: str, broker: InBroker | None, record: Record | None) -> Where | None:
+    """``task_id`` in the broker: its message found in a queue or un-acked, or a copy
+    of it published (again, or released) that no worker took up yet."""
+    place, queue = (None, None) if broker is None else (broker.place, broker.queue)
+    if place == "queue":
+        return Where(
+            task_id, "queued", f"in the broker's queue {queue}, not taken up by a worker"
+            " yet", queue=queue,
+        )  # fmt: skip
+    if place == "unacked":
+        return Where(
+            task_id, "queued", "in the broker, delivered to a worker that has not acked it"
+            " and none that answered holds it: the broker gives it again after its"
+            " visibility timeout",
+        )  # fmt: skip
+    if record is not None and record.pending:
+        return Where(
+            task_id, "queued", "in the broker: a copy published again or released, on"
+            " its way back to a worker",
+        )  # fmt: skip
+    return None
 
 
 def parked(runtime: Runtime, client: Any, task_id: str) -> Where | None:
@@ -198,16 +218,21 @@ def finished(app: Any, task_id: str) -> Where | None:
     )  # fmt: skip
 
 
-def in_workers(app: Any, task_id: str, timeout: float) -> Where | None:
+def in_workers(runtime: Runtime, task_id: str, timeout: float) -> Where | None:
     """``task_id`` in a worker: waiting for a funnel (``funnel_waiting``), or as Celery
-    sees it (``query_task``: running, reserved, scheduled)."""
-    replies = app.control.broadcast(WAITING, reply=True, timeout=timeout) or []
+    sees it (``query_task``: running, reserved, scheduled). The workers whose live
+    thread wrote lately are asked, and their replies awaited until all came (or
+    ``timeout``); none known: every worker, for ``timeout``."""
+    app = runtime.app
+    nodes = sorted(live_workers(runtime.funnel.client, runtime.settings.key_prefix, LIVE_SECONDS))
+    asked: dict[str, Any] = {"destination": nodes, "limit": len(nodes)} if nodes else {}
+    replies = app.control.broadcast(WAITING, reply=True, timeout=timeout, **asked) or []
     for reply in replies:
         for worker, rows in reply.items():
             for row in rows if isinstance(rows, list) else ():
                 if row.get("id") == task_id:
                     return _waiting(task_id, worker, row)
-    answers = app.control.inspect(timeout=timeout).query_task(task_id) or {}
+    answers = app.control.inspect(timeout=timeout, **asked).query_task(task_id) or {}
     for worker, found in answers.items():
         if task_id in (found or {}):
             seen, info = found[task_id]
@@ -221,14 +246,15 @@ def in_workers(app: Any, task_id: str, timeout: float) -> Where | None:
 
 
 def _waiting(task_id: str, worker: str, row: Mapping[str, Any]) -> Where:
-    how, eta = row.get("how"), utc(row.get("eta"))
+    how, eta, funnel = row.get("how"), utc(row.get("eta")), row.get("funnel") or None
+    by = f" by funnel {funnel}" if funnel else ""
     where = (
-        f"in worker {worker} by funnel {row.get('funnel')}" if how == "held" else
-        f"with a countdown; worker {worker} holds it as an ETA task"
+        f"in worker {worker}{by}" if how == "held" else
+        f"with a countdown{by}; worker {worker} holds it as an ETA task"
     )  # fmt: skip
     return Where(
-        task_id, str(how), where, task=row.get("name"), funnel=row.get("funnel") or None,
-        eta=eta, deferrals=row.get("deferrals"), booked=row.get("booked"), worker=worker,
+        task_id, str(how), where, task=row.get("name"), funnel=funnel, eta=eta,
+        deferrals=row.get("deferrals"), booked=row.get("booked"), worker=worker,
     )  # fmt: skip
 
 
@@ -245,6 +271,12 @@ def collapsed(runtime: Runtime, task_id: str, task: str, key: str) -> Where | No
     )  # fmt: skip
 
 
-def dumps(where: Where) -> str:
-    """``where`` as the JSON object ``--json`` prints."""
-    return json.dumps(where.as_dict(), indent=2)
+def holding(runtime: Runtime, task: str, key: str, timeout: float) -> Where:
+    """The task holding unique key part ``key`` of ``task`` (``why --task --key``,
+    no task id): where it is, or unknown when no task holds the key."""
+    unique_key = runtime.task_key(task, key)
+    held = runtime.unique.holder(unique_key)
+    if held is None:
+        return Where("", "unknown", "(no task holds it now)", task=task, unique_key=unique_key)
+    found = why(runtime, held[0], timeout=timeout, task=task)
+    return replace(found, unique_key=unique_key)

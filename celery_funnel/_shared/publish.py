@@ -32,7 +32,7 @@ from .state import put_state, send_mark
 
 __all__ = [
     "PUBLISH_TIMEOUT_SECONDS", "gate_publishes", "gate_publishing", "message_options",
-    "origin", "park", "producer", "republish",
+    "origin", "park", "producer", "publish_message", "republish",
 ]  # fmt: skip
 
 # per thread (and per greenlet where contextvars are): a pool thread's run publishing
@@ -196,11 +196,42 @@ def republish(
     signature = _signature(
         task, context, args, kwargs, countdown, state, content_type, content_encoding
     )
-    # the header goes with it, also when sent inside a run; traced in the producer's trace
-    with gate_publishing(), _traced(context), producer(task.app) as confirmed:
-        signature.apply_async(
-            ignore_result=True, add_to_parent=False, producer=confirmed,
-            confirm_timeout=PUBLISH_TIMEOUT_SECONDS,
+    # the header goes with it, also when sent inside a run; traced in the producer's trace.
+    # Captured, then published as it is (as a release publishes a parked task): the
+    # task was sent once, and Celery would send another ``task-sent`` event for it
+    # (Flower counts it sent again, from this worker, after it was received)
+    with gate_publishing(), _traced(context):
+        message = capture(signature, {}, ignore_result=True, add_to_parent=False)
+    publish_message(task.app, message)
+
+
+def publish_message(
+    app: Any, message: Mapping[str, Any], headers: Mapping[str, Any] | None = None,
+    elapsed: float = 0.0,
+) -> None:  # fmt: skip
+    """Publish a captured message (``_stores.park.capture``) as it is, through the
+    gate's producers: ``headers`` replace its headers; its message TTL (``expires``),
+    if any, is shortened by the ``elapsed`` seconds since it was captured.
+
+    Raises:
+        Exception: what the broker's publish raises.
+    """
+    properties = dict(message["properties"])
+    delivery_mode = properties.pop("delivery_mode", None)
+    expiration = properties.pop("expiration", None)  # milliseconds
+    if expiration is not None:
+        expiration = max(float(expiration) / 1000 - elapsed, 0.001)
+    queues = app.amqp.queues
+    declare = [queues[name] for name in message["declare"] if name in queues]
+    with producer(app) as confirmed:
+        confirmed.publish(
+            message["body"], exchange=message["exchange"], routing_key=message["routing_key"],
+            headers=dict(message["headers"] if headers is None else headers),
+            content_type=message["content_type"], content_encoding=message["content_encoding"],
+            priority=message["priority"], delivery_mode=delivery_mode, expiration=expiration,
+            declare=declare, retry=True,
+            retry_policy={"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5},
+            confirm_timeout=PUBLISH_TIMEOUT_SECONDS, **properties,
         )  # fmt: skip
 
 

@@ -154,21 +154,9 @@ def _persistence(client: Any, parking: bool | str, persistence: Persistence) -> 
         return None  # CONFIG refused (managed Redis): nothing to say
     if aof:
         return None
-    forgets = "" if save else (
-        ". With no RDB save either, a restart forgets every funnel, and each lets one full"
-        " burst through"
-    )  # fmt: skip
     rule = persistence.rule() if parking else None
     why = f" ({persistence.broker_why})" if persistence.broker_why else ""
-    if rule is Rule.BROKER:
-        return Finding(
-            "note", "persistence",
-            "no append-only file, but this Redis is the broker's own server: tasks are"
-            " parked here, as safe as the tasks queued in the broker (a restart of this"
-            " Redis loses both, as Celery loses its queue); turn on AOF (appendonly yes)"
-            " to keep both" + forgets,
-        )  # fmt: skip
-    if parking is True:
+    if rule is not Rule.BROKER and parking is True:
         return Finding(
             "error", "persistence",
             f"funnel_park=True, but this Redis has no append-only file and is not the"
@@ -176,13 +164,8 @@ def _persistence(client: Any, parking: bool | str, persistence: Persistence) -> 
             f" worker refuses to start; turn on AOF (appendonly yes), keep the funnels on"
             f" the broker's Redis, or set funnel_park='auto'",
         )  # fmt: skip
-    if parking:
-        return Finding(
-            "note", "persistence",
-            f"no append-only file, and not the broker's Redis server{why}: no task is"
-            f" parked here (a restart would lose it); long waits go back to the broker with"
-            f" capped countdowns; turn on AOF (appendonly yes) to park them" + forgets,
-        )  # fmt: skip
+    # where tasks may be parked is said once, by the parking rule (the worker's start
+    # line "parking is on: ...", the command's "parking: ..."): only the funnels here
     if not save:
         return Finding(
             "note", "persistence",

@@ -22,12 +22,15 @@ made again, so that a second copy arriving later is dropped).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
-from .._limiter.errors import FunnelError
+from redis.exceptions import RedisError
+
+from .._limiter.errors import BackendError, FunnelError
 from .._limiter.scripts import RedisClient
-from .store import ParkedStore
+from .store import ParkedStore, text
 
-__all__ = ["KEEP_SECONDS", "Copies", "CopiesBusyError", "busy"]
+__all__ = ["KEEP_SECONDS", "Copies", "CopiesBusyError", "Record", "busy"]
 
 US = 1_000_000
 KEEP_SECONDS = 3600.0  # records of copies settled this long ago are forgotten
@@ -51,6 +54,19 @@ def busy(task_id: str, reply: int) -> int:
     if reply == BUSY:
         raise CopiesBusyError(f"another send of task {task_id} waits: this one waits after it")
     return reply
+
+
+@dataclass(frozen=True)
+class Record:
+    """What the copies' record of one task says (``Copies.record``): ``pending``, copies
+    published and none taken up by a worker yet; ``accepted``, a worker took one up;
+    ``task``, its name (from the origin of its latest message); ``at``, when the record
+    last changed (seconds since the epoch)."""
+
+    pending: bool
+    accepted: bool
+    task: str | None
+    at: float | None
 
 
 class Copies(ParkedStore):
@@ -91,6 +107,27 @@ class Copies(ParkedStore):
         again = "1" if redelivered else "0"
         reply = self._script(self._accept, self.keys, task_id, token, flag, origin, keep, again)
         return bool(busy(task_id, int(reply[0])))
+
+    def record(self, task_id: str) -> Record | None:
+        """The record of task ``task_id`` (None: no copy of it was made or checked
+        within ``KEEP_SECONDS``: it never waited, or the id is wrong). Reads only."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hget(self.keys.accepted, task_id)
+        pipe.hget(self.keys.accepted, f"origin\0{task_id}")
+        pipe.zscore(self.keys.accepted_at, task_id)
+        try:
+            copies, sends, at = pipe.execute()
+        except RedisError as exc:
+            raise BackendError(f"Redis failed on {self.what}: {exc}") from exc
+        if copies is None and sends is None:
+            return None
+        kind = text(copies or "")
+        # the latest message's origin: its task name, the run that sent it, ... (\1 token)
+        latest = text(sends or "").split("\0")[-1].split("\1")[0]
+        return Record(
+            pending=">" in kind, accepted=kind.startswith("+"),
+            task=latest.split("\n")[0] or None, at=None if at is None else float(at) / US,
+        )  # fmt: skip
 
     def ran(self, runs: Iterable[tuple[str, str]]) -> int:
         """Runs started from these copies (task id, token) whose acks may not have

@@ -4,7 +4,6 @@ tasks, and the per-second series the workers' live threads write (``_ops.live``)
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -14,9 +13,10 @@ from .._celery.task import FunnelTask
 from .._config.options import debounce_of, unique_of
 from .._config.runtime import runtime_for
 from .._limiter.errors import ConfigurationError
-from .._limiter.keys import FunnelKey, live_key
+from .._limiter.keys import FunnelKey
 from .._ops import control
-from .._ops.configured import configured
+from .._ops.configured import concurrency_in_force, configured
+from .._ops.live import live_workers
 from .._ops.view import Failure, Found, concurrency_funnels, describe, find, limit_of
 from .._shared.live import SERIES_KEEP_SECONDS, series_key
 from .._stores.concurrency import ConcurrencyStore
@@ -38,30 +38,37 @@ def no_concurrency(app: Any, name: str) -> int | None:
     return None
 
 
-def _running(app: Any, found: Found, known: Any) -> dict[str, int]:
-    """Lease holders per funnel name, over every key of each concurrency funnel."""
+def _holders(app: Any, found: Found, known: Any) -> dict[str, list[int]]:
+    """Lease holders per funnel name: one count per key of each concurrency funnel."""
     runtime = runtime_for(app)
     settings = runtime.settings
     store = ConcurrencyStore(runtime.funnel.client, settings.key_prefix, settings.lease_ttl)
-    running: dict[str, int] = {}
+    holders: dict[str, list[int]] = {}
     for key in concurrency_funnels(found):
         name = control.owner(app, key, known)
         if name is not None:
-            running[name] = running.get(name, 0) + len(store.holders(key.key))
-    return running
+            holders.setdefault(name, []).append(len(store.holders(key.key)))
+    return holders
+
+
+def _seats(n: int | None, override: Any, in_use: list[int]) -> dict[str, Any] | None:
+    """A concurrency funnel's seats as ``funnel status`` counts them: the N in force
+    (``override`` applied) and the seats in use of its fullest key (None: no
+    concurrency limit)."""
+    if n is None:
+        return None
+    capacity, _ = concurrency_in_force(n, override)
+    return {"used": max(in_use, default=0), "capacity": capacity, "keys": len(in_use)}
 
 
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _waiting(client: Any, prefix: str, now: float) -> dict[str, int]:
+def _waiting(client: Any, prefix: str) -> dict[str, int]:
     """Tasks the live workers hold, by funnel label."""
     total: dict[str, int] = {}
-    for raw in client.hgetall(live_key(prefix, "workers")).values():
-        state = json.loads(raw)
-        if now - float(state.get("at", 0)) > WORKER_FRESH_SECONDS:
-            continue
+    for state in live_workers(client, prefix, WORKER_FRESH_SECONDS).values():
         for label, count in (state.get("waiting") or {}).items():
             total[label] = total.get(label, 0) + int(count)
     return total
@@ -118,14 +125,14 @@ def funnel_state(app: Any, hook: ConcurrencyHook = no_concurrency) -> dict[str, 
     entries = control.overrides(app)
     found = find(client, prefix)
     parked = ParkStore(client, prefix).counts() if runtime.settings.park else {}
-    waiting = _waiting(client, prefix, now)
+    waiting = _waiting(client, prefix)
     by_name: dict[str, list[FunnelKey]] = {}
     known = control.families(app)
     for key in found.funnels:
         owner = control.owner(app, key, known)
         if owner is not None:
             by_name.setdefault(owner, []).append(key)
-    running = _running(app, found, known) if hook is no_concurrency else {}
+    holders = _holders(app, found, known)
     seats: dict[str, int] = {}  # the concurrency N in the code, by funnel name
     for entry in configured(runtime):
         if entry.concurrency is not None:
@@ -145,9 +152,10 @@ def funnel_state(app: Any, hook: ConcurrencyHook = no_concurrency) -> dict[str, 
             "concurrency": seats.get(name),
             "override": None if override is None else override.as_dict(),
             "level": level,
+            "seats": _seats(seats.get(name), override, holders.get(name, [])),
             "parked": _of(name, parked),
             "held": _of(name, waiting),
-            "running": running.get(name) if hook is no_concurrency else hook(app, name),
+            "running": sum(holders.get(name, [])) if hook is no_concurrency else hook(app, name),
         })  # fmt: skip
     return {"now": now, "funnels": rows, "dedupe": _dedupe(app, found, parked)}
 

@@ -23,6 +23,7 @@ from .._limiter.words import plural
 from ..testing import CeleryWorkers, RedisServer, peak
 
 STARTS = "demo:starts"
+WAITS = "demo:waits"  # as the demo's app writes them (demo.app)
 
 
 @contextmanager
@@ -35,17 +36,25 @@ def _redis(url: str | None) -> Iterator[str]:
         yield server.url
 
 
-Row = tuple[float, str, int, int]  # start time, worker, deferrals, re-queues
+Row = tuple[float, str, int]  # start time, worker, deferrals
 
 
 def _starts(client: redis.Redis) -> list[Row]:
-    """(start time, worker, deferrals, re-queues) of every task that started."""
+    """(start time, worker, deferrals) of every task that started."""
     rows = []
     for raw in client.lrange(STARTS, 0, -1):
         text = raw.decode() if isinstance(raw, bytes) else str(raw)
-        at, worker, _, deferrals, requeues = text.split()
-        rows.append((float(at), worker, int(deferrals), int(requeues)))
+        at, worker, _, deferrals = text.split()
+        rows.append((float(at), worker, int(deferrals)))
     return rows
+
+
+def _waits(client: redis.Redis) -> dict[str, int]:
+    """The deferrals by how the task waited (``task_deferred``'s ``how``)."""
+    return {
+        (k.decode() if isinstance(k, bytes) else str(k)): int(v)
+        for k, v in client.hgetall(WAITS).items()
+    }
 
 
 def _progress(client: redis.Redis, tasks: int, rate: Rate, start: float, timeout: float) -> None:
@@ -71,7 +80,7 @@ def _progress(client: redis.Redis, tasks: int, rate: Rate, start: float, timeout
         time.sleep(0.1)
 
 
-def _summary(rows: list[Row], tasks: int, rate: Rate, capacity: int) -> None:
+def _summary(rows: list[Row], waits: dict[str, int], tasks: int, rate: Rate, capacity: int) -> None:
     starts = sorted(at for at, *_ in rows)
     most = peak(starts)
     span = starts[-1] - starts[0] if len(starts) > 1 else 0.0
@@ -81,10 +90,10 @@ def _summary(rows: list[Row], tasks: int, rate: Rate, capacity: int) -> None:
     print(f"  after the first burst {steady:.2f} starts/s")
     print(f"  most in any 1 s       {most} (limit + capacity = {rate.per_second + capacity:g})")
     deferred = [row for row in rows if row[2]]
+    ways = ", ".join(f"{how} {waits.get(how, 0)}" for how in ("held", "parked", "republished"))
     print(
         f"  deferred              {plural(len(deferred), 'task')},"
-        f" {plural(sum(row[2] for row in rows), 'time')}; re-queued"
-        f" {plural(sum(row[3] for row in rows), 'time')} (held in the workers otherwise)"
+        f" {plural(sum(row[2] for row in rows), 'time')}: {ways}"
     )
     for worker, count in sorted(Counter(row[1] for row in rows).items()):
         print(f"  {worker:<22}{plural(count, 'task')}")
@@ -104,7 +113,7 @@ def run(rate_text: str, capacity: int, workers: int, tasks: int, url: str | None
     with _redis(url) as redis_url:
         client = redis.Redis.from_url(redis_url)
         funnel = task_key("funnel:", "demo.job")
-        client.delete(STARTS, funnel, tickets_key(funnel))
+        client.delete(STARTS, WAITS, funnel, tickets_key(funnel))
         env = {
             "CELERY_FUNNEL_DEMO_REDIS": redis_url,
             "CELERY_FUNNEL_DEMO_RATE": rate_text,
@@ -125,8 +134,8 @@ def run(rate_text: str, capacity: int, workers: int, tasks: int, url: str | None
                 job.delay(n)
             _sent(tasks, env)
             _progress(client, tasks, rate, start, timeout=tasks / rate.per_second * 3 + 30)
-            rows = _starts(client)
+            rows, waits = _starts(client), _waits(client)
         client.close()
     if not rows:
         sys.exit("no task ran: see the worker logs above")
-    _summary(rows, tasks, rate, capacity)
+    _summary(rows, waits, tasks, rate, capacity)

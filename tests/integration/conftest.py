@@ -119,6 +119,14 @@ def broker() -> Iterator[RedisServer]:
         yield server
 
 
+@pytest.fixture
+def store_url() -> Iterator[str]:
+    """A Redis of the test's own for run records (a private redis-server): no fault of
+    the test touches it."""
+    with RedisServer() as server:
+        yield server.url
+
+
 @pytest.fixture(autouse=True)
 def _fresh_worker_state() -> Iterator[None]:
     """An in-process worker leaves kombu's event loop (whose timer no longer runs) and

@@ -53,16 +53,22 @@ class Cluster:
         assert done.returncode == 0, done.stderr
         return started, time.time(), done.stdout
 
-    def starts(self, first: int = 0) -> list[float]:
-        """Start times of the runs of TASK numbered ``first`` and up."""
-        return sorted(
-            r["at"] for r in runs(self.url) if r["name"] == TASK and r["args"][0] >= first
-        )
+    def starts(self, first: int = 0, end: int | None = None) -> list[float]:
+        """Start times of the runs of TASK numbered ``first`` and up, below ``end``
+        (None: ``first + 10000``): each test numbers its tasks in a range of its own, so
+        a test never counts another's (3000s are not 2000s)."""
+        return sorted(r["at"] for r in self.runs(first, end))
 
-    def admissions(self, first: int = 0) -> list[float]:
-        """Admission times (the gate's) of the runs of TASK numbered ``first`` and up."""
-        ids = {r["id"] for r in runs(self.url) if r["name"] == TASK and r["args"][0] >= first}
-        return sorted(a["at"] for a in admissions(self.url) if a["id"] in ids)
+    def runs(self, first: int = 0, end: int | None = None) -> list[dict[str, Any]]:
+        """The runs of TASK numbered ``first`` .. ``end`` (None: ``first + 10000``)."""
+        end = first + 10000 if end is None else end
+        return [r for r in runs(self.url) if r["name"] == TASK and first <= r["args"][0] < end]
+
+    def admissions(self, first: int = 0, end: int | None = None) -> list[str]:
+        """The task ids the workers' gates admitted (``task_admitted``), of the runs of
+        TASK numbered ``first`` .. ``end``, one per admission."""
+        ids = {r["id"] for r in self.runs(first, end)}
+        return [a["id"] for a in admissions(self.url) if a["id"] in ids]
 
     def send(self, numbers: range) -> None:
         for n in numbers:

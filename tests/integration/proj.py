@@ -276,6 +276,15 @@ def make_app(
             raise RuntimeError(f"the first run of {n} fails")
         return n
 
+    # two runs at a time (no rate); a run lasts until the test lets go (``RELEASE``)
+    @task("proj.seated", bind=True, base=FunnelTask, funnel_concurrency=2)
+    def seated(self: Any, n: int = 0) -> int:
+        record(self, n)
+        deadline = time.monotonic() + 60
+        while not store.exists(RELEASE) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return n
+
     if os.environ.get("FUNNEL_TEST_DEBOUNCE") == "1":  # they need AOF and parking
         debounced_tasks(task, record)
 

@@ -18,13 +18,19 @@ from celery_funnel import Funnel, RedisFunnel
 from celery_funnel._limiter.decision import Reservation
 
 NOW = 1_700_000_000.0
+# Every period in hours, not seconds: the calls pass ``now``, but Redis expires the keys
+# they write on its own clock (PX, the state's lifetime on the calls' clock); with
+# periods of a second those lifetimes were 50-150 ms of real time, and a loaded machine
+# between two calls let a key expire in one run and not the other (reset_after 0.1, not
+# 0.15). The same maths an hour long: lifetimes of minutes.
+H = 3600.0
 Ruling = Callable[[Funnel], Any]
 STEPS: dict[str, Callable[[str, float], Ruling]] = {
-    "gcra": lambda k, t: lambda f: f.throttle(k, 1, 10, 1, now=t),
-    "reserve": lambda k, t: lambda f: f.reserve(k, 1, 10, 1, ticket="t", max_wait=0.3, now=t),
-    "fixed_window": lambda k, t: lambda f: f.fixed_window(k, 3, 1, now=t),
-    "sliding_window": lambda k, t: lambda f: f.sliding_window(k, 3, 1, now=t),
-    "sliding_log": lambda k, t: lambda f: f.sliding_log(k, 3, 1, now=t),
+    "gcra": lambda k, t: lambda f: f.throttle(k, 1, 10, H, now=t),
+    "reserve": lambda k, t: lambda f: f.reserve(k, 1, 10, H, ticket="t", max_wait=0.3 * H, now=t),
+    "fixed_window": lambda k, t: lambda f: f.fixed_window(k, 3, H, now=t),
+    "sliding_window": lambda k, t: lambda f: f.sliding_window(k, 3, H, now=t),
+    "sliding_log": lambda k, t: lambda f: f.sliding_log(k, 3, H, now=t),
 }
 COMBOS = [
     *itertools.permutations(STEPS, 2),
@@ -50,8 +56,8 @@ def test_a_chain_decides_as_one_script_at_a_time_would(
 ) -> None:
     chained, alone = f"{{{key}}}:chained", f"{{{key}}}:alone"
     seen: set[tuple[int, bool]] = set()
-    for n in range(24):  # 50 ms apart: every funnel fills, refuses, then drains
-        t = NOW + 0.05 * n
+    for n in range(24):  # 0.05 H apart: every funnel fills, refuses, then drains
+        t = NOW + 0.05 * H * n
         answers = run(funnel, names, chained, t, chain=True)
         assert answers == run(funnel, names, alone, t, chain=False), f"call {n}"
         seen.add((len(answers), admits(answers[-1])))
@@ -73,7 +79,7 @@ def test_a_chain_is_one_round_trip_and_survives_script_flush(
     assert stats["cmdstat_evalsha"]["calls"] == 2, "one, then one again after loading"
     assert sum(v["calls"] for k, v in stats.items() if k.startswith("cmdstat_script")) == 1
     redis_client.config_resetstat()
-    run(redis_funnel, names, key, NOW + 0.02, chain=True)
+    run(redis_funnel, names, key, NOW + 0.02 * H, chain=True)
     assert redis_client.info("commandstats")["cmdstat_evalsha"]["calls"] == 1
 
 

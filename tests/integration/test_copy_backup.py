@@ -53,20 +53,17 @@ def ran(url: str, count: int) -> bool:
     return len([r for r in runs(url) if r["name"] == "proj.slow"]) >= count
 
 
-def test_a_copy_lost_on_its_way_is_published_again_and_runs_once(
-    broker: RedisServer, funnels: RedisServer
-) -> None:
-    """4 tasks of ``proj.slow`` (one start per 2 s): the later ones wait longer than the
-    worker may hold them and are published again with a countdown. The worker (a solo
-    pool: no run is cut) dies as it takes the first such copy off the queue. A second
-    worker runs every task once: the lost copy's backup is published again when its
-    claim (the countdown and a 1 s lease) is over."""
-    app = make_app(broker.url, funnels.url, task_ignore_result=True)
+def copy_lost_runs_once(broker: RedisServer, funnels: RedisServer, die_at: str, **env: str) -> None:
+    """4 tasks of ``proj.slow``, a worker (a solo pool: no run is cut) that dies at
+    ``die_at`` on the first copy the gate published again, then a survivor: every task
+    runs once (``env``: more of the workers' environment, and the producer's conf)."""
+    app = make_app(broker.url, funnels.url, task_ignore_result=True,
+                   **json.loads(env.get("FUNNEL_TEST_CONF", "{}")))  # fmt: skip
     dying = worker(
         broker.url, funnels.url, "d", "-P", "solo",
-        FUNNEL_TEST_DIE_AT=KOMBU_RECORDS, FUNNEL_TEST_DIE_IF="copy",
+        FUNNEL_TEST_DIE_AT=die_at, FUNNEL_TEST_DIE_IF="copy", **env,
     )  # fmt: skip
-    survivor = worker(broker.url, funnels.url, "s", "-c", "2")
+    survivor = worker(broker.url, funnels.url, "s", "-c", "2", **env)
     try:
         with dying:
             dying.wait_ready()
@@ -76,9 +73,20 @@ def test_a_copy_lost_on_its_way_is_published_again_and_runs_once(
             survivor.wait_ready()
             wait_for(partial(ran, funnels.url, 4), 45)
         once_each(funnels.url, "proj.slow", set(sent))
-        assert backups(funnels.url)
     finally:
         close_app(app)
+
+
+def test_a_copy_lost_on_its_way_is_published_again_and_runs_once(
+    broker: RedisServer, funnels: RedisServer
+) -> None:
+    """4 tasks of ``proj.slow`` (one start per 2 s): the later ones wait longer than the
+    worker may hold them and are published again with a countdown. The worker dies as
+    it takes the first such copy off the queue (kombu's transport: before it records
+    it). A second worker runs every task once: the lost copy's backup is published
+    again when its claim (the countdown and a 1 s lease) is over."""
+    copy_lost_runs_once(broker, funnels, KOMBU_RECORDS)
+    assert backups(funnels.url)
 
 
 def test_with_the_transport_a_copy_needs_no_backup(
@@ -88,26 +96,8 @@ def test_with_the_transport_a_copy_needs_no_backup(
     took reaches Celery; the fetch had recorded it, so no backup is kept in the funnels'
     Redis, and the broker gives the copy again after its visibility timeout: every
     task runs once."""
-    app = make_app(broker.url, funnels.url, task_ignore_result=True,
-                   broker_transport="celery_funnel.transport:Transport")  # fmt: skip
-    ours = {"FUNNEL_TEST_CONF": OURS}
-    dying = worker(
-        broker.url, funnels.url, "d", "-P", "solo",
-        FUNNEL_TEST_DIE_AT=HANDED, FUNNEL_TEST_DIE_IF="copy", **ours,
-    )  # fmt: skip
-    survivor = worker(broker.url, funnels.url, "s", "-c", "2", **ours)
-    try:
-        with dying:
-            dying.wait_ready()
-            sent = send(app, "proj.slow", 4)
-            wait_for(lambda: dying.processes[0].poll() is not None, 40)
-        with survivor:
-            survivor.wait_ready()
-            wait_for(partial(ran, funnels.url, 4), 45)
-        once_each(funnels.url, "proj.slow", set(sent))
-        assert backups(funnels.url) == []
-    finally:
-        close_app(app)
+    copy_lost_runs_once(broker, funnels, HANDED, FUNNEL_TEST_CONF=OURS)
+    assert backups(funnels.url) == []
 
 
 def test_a_backup_is_claimed_for_its_copy_never_due_like_a_parked_task(

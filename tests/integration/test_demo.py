@@ -1,10 +1,13 @@
 """The README's first command runs: real workers, one funnel, a summary at the end; every
-command it prints works when pasted; it stops what it started however it ends."""
+command it prints works when pasted; it stops what it started however it ends; the
+sample of its output in docs/quickstart.md is a real run (its shape checked against
+one; ``CELERY_FUNNEL_WRITE_SAMPLES=1`` writes the run into the page)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -100,3 +103,39 @@ def test_a_stopped_demo_stops_its_workers_and_redis(
         assert err.strip().splitlines() == [
             "interrupted: the demo's workers and Redis are stopped"
         ], err
+
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "docs" / "quickstart.md"
+SAMPLE = re.compile(r"(A run on a 2-core machine:\n\n```\n)(.*?)(```)", re.S)
+
+
+def shape(text: str) -> list[str]:
+    """The lines of a demo's output with every number a ``N`` and runs of alike lines
+    (the per-second table) as one: what any run of the same demo prints."""
+    shapes: list[str] = []
+    for line in text.splitlines():
+        alike = re.sub(r"\d+(\.\d+)?", "N", " ".join(line.split()))
+        if not shapes or shapes[-1] != alike:
+            shapes.append(alike)
+    return shapes
+
+
+def test_the_quickstart_sample_is_a_real_run(tmp_path: Path) -> None:
+    """The demo as the page runs it (its defaults): the page's sample says what it says
+    (it said "re-queued 0 times" and "no task was parked" while the demo parked 44)."""
+    done = subprocess.run(
+        demo_command(), capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    real = done.stdout[done.stdout.index("second | started") :]
+    real = re.sub(r"\b(w\d+)@\S+", r"\1@vm", real)  # the machine's name
+    page = QUICKSTART.read_text()
+    found = SAMPLE.search(page)
+    assert found is not None, "the sample's block"
+    if os.environ.get("CELERY_FUNNEL_WRITE_SAMPLES") == "1":
+        QUICKSTART.write_text(page[: found.start(2)] + real + page[found.end(2) :])
+        found = SAMPLE.search(QUICKSTART.read_text())
+        assert found is not None
+    assert shape(found.group(2)) == shape(real), real
+    assert re.search(r"deferred +\d+ tasks, \d+ times: held \d+, parked \d+, republished", real)

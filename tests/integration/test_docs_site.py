@@ -3,7 +3,8 @@ anchors (``reference.md#funnel_max_waiting``) scroll to the option's row, below 
 page's fixed header; no option or setting name wraps mid-word (``funnel_capa`` /
 ``city``); a code block wider than its box scrolls instead of being cut off; the
 search finds ``funnel_max_waiting`` for "max_waiting" and for "waiting"; the Python API
-reference is rendered from the docstrings. The site is built here (``mkdocs build
+reference is rendered from the docstrings; a code block of lines of 100 columns fits
+whole at 1280 px (build/docs-operations-1280.png). The site is built here (``mkdocs build
 --strict``) and served on loopback; the screenshot is written to build/reference.png
 (build/ is not tracked), or $CELERY_FUNNEL_REFERENCE_SCREENSHOT.
 
@@ -145,6 +146,40 @@ def test_wide_code_scrolls_instead_of_being_cut_off(site: str, browser: Any, pag
         " h.textContent.replace('¶', '').trim().toLowerCase());"
     )
     assert len(headings) == len(set(headings)), f"{page}: a heading twice: {headings}"
+
+
+PAGES = [
+    "", "quickstart", "configuration", "reference", "semantics", "priority", "operations",
+    "api", "llm", "debounce", "observability", "benchmarks", "architecture",
+]  # fmt: skip
+
+
+def test_code_lines_of_100_columns_fit_at_1280_pixels(site: str, browser: Any) -> None:
+    """Issue 55, item 6: at 1280 px a code block was 688 px wide (two sidebars beside
+    it): a line of 84 characters or more was cut at the box's edge, to be scrolled to.
+    The project's lines are 100 columns wide: a block whose lines are no longer fits
+    whole on every page; a longer line (a log line, a traceback) scrolls."""
+    cut = []
+    for page in PAGES:
+        browser.get(f"{site}/{page}/")
+        wait_for(lambda: browser.execute_script("return document.readyState") == "complete", 20)
+        blocks = browser.execute_script(
+            """return [...document.querySelectorAll('article pre > code')].map((c) =>
+                 [Math.max(...c.textContent.split('\\n').map((l) => l.length)),
+                  c.scrollWidth, c.clientWidth, getComputedStyle(c).overflowX,
+                  c.textContent.slice(0, 40)]);"""
+        )
+        for longest, scrolled, width, overflow, text in blocks:
+            if longest <= 100 and scrolled > width + 1:
+                cut.append((page, longest, scrolled, width, text))
+            assert scrolled <= width + 1 or overflow in ("auto", "scroll"), (page, text)
+    assert cut == [], f"blocks of lines of 100 columns or less that do not fit: {cut}"
+    browser.get(f"{site}/operations/")
+    wait_for(lambda: browser.execute_script("return document.readyState") == "complete", 20)
+    shot = Path(ROOT) / "build/docs-operations-1280.png"
+    shot.parent.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(shot))
+    print(f"screenshot: {shot}")
 
 
 @pytest.mark.parametrize("query", ["max_waiting", "waiting", "funnel_max_waiting"])

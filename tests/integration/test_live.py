@@ -1,19 +1,30 @@
 """Operating funnels live on a running two-worker cluster: ``celery funnel set`` changes
-the admitted rate within a second, ``pause`` stops starts within a second and loses
-nothing, ``resume`` and ``unset`` restore the code's limit; the dashboard, in a real
-headless Chromium, shows the funnels, charts them and pauses one; without the token its
-controls refuse, and a control sent as a GET does nothing. Rates are measured from the
-tasks' own start times (``proj.steady``: 20/s in the code), the limit's peak from the
-times the workers' gates admitted them."""
+the admitted rate and ``unset`` restores the code's limit, ``pause`` stops admissions and
+loses nothing, ``resume`` runs every task once; the dashboard, in a real headless
+Chromium, shows the funnels, charts them and pauses one; without the token its controls
+refuse, and a control sent as a GET does nothing.
+
+What a limit does is read from the funnel's own decisions on Redis's clock
+(``tests.redis_monitor``): each one moves ``proj.steady``'s funnel (20/s in the code,
+capacity 1) one slot, 50 ms at 20/s, 200 ms at 5/s, from the later of its TAT and now,
+so the rate each decision was made at is known exactly, whatever the load. A change of
+limit also writes the TAT (``rebase.lua``, from each worker's live thread: it only
+lowers it, to the new tolerance); that is no decision. Start and admission times add
+the pool's dispatch delay, which a loaded machine stretches by seconds: how soon a
+change applies (the live thread's refresh, 0.5 s) is printed, and checked only as a
+hang. Each test numbers its tasks in a range of its own (0s, 10000s, 20000s, 30000s), and
+keeps the funnel busy while a CLI run (seconds on a loaded machine) makes a change."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +33,9 @@ import redis
 from prometheus_client import CollectorRegistry
 
 from celery_funnel import Rate, control, prometheus
+from celery_funnel._limiter.keys import task_key
 from celery_funnel._limiter.limit import Limit
+from celery_funnel._ops.control import REBASE
 from celery_funnel._ops.live import LiveThread
 from celery_funnel._shared.charges import Charge
 from celery_funnel._shared.live import Live, series_key
@@ -30,13 +43,21 @@ from celery_funnel._stores.park import ParkStore
 from celery_funnel.testing import peak
 from tests.integration.conftest import sample
 from tests.integration.live_cluster import ROOT, TASK, TOKEN, Cluster, Dashboard, chromium
-from tests.integration.proj import runs
+from tests.integration.proj import admissions
 from tests.polling import wait_for
+from tests.redis_monitor import FunnelLog, Write, funnel_log
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 # written by every run (build/ is not tracked); the README's docs/dashboard.png is a copy
 # of one, made with CELERY_FUNNEL_SCREENSHOT=docs/dashboard.png
 SCREENSHOT = Path(ROOT) / (os.environ.get("CELERY_FUNNEL_SCREENSHOT") or "build/dashboard.png")
+KEY = task_key("funnel:", TASK)  # its funnel: the TAT, as every decision moves it
+FAST, SLOW = 0.05, 0.2  # the slot of the code's 20/s and of the override's 5/s
+# what one connection (one worker's) may decide at, in order, around set and unset
+ORDERS = ([FAST], [SLOW], [FAST, SLOW], [SLOW, FAST], [FAST, SLOW, FAST])
+# a pause, resume or override not taken up by then is a hang: the live thread reads
+# them every 0.5 s (0.15 s while paused), a loaded machine delays it by a second or two
+HANG = 5.0
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +79,7 @@ def code_limits_again(cluster: Cluster) -> Iterator[None]:
     if control.unset(cluster.app, TASK):
         with redis.Redis.from_url(cluster.url) as client:
             store = ParkStore(client, "funnel:")
-            wait_for(lambda: not store.counts().get(TASK), 30)
+            wait_for(lambda: not store.counts().get(TASK), 60, store.counts)
 
 
 @pytest.fixture(scope="module")
@@ -71,79 +92,203 @@ def dashboard(cluster: Cluster) -> Iterator[Dashboard]:
         served.stop()
 
 
-def rate(starts: list[float], begin: float, end: float) -> float:
-    """Starts per second in [begin, end)."""
-    return sum(begin <= at < end for at in starts) / (end - begin)
+def paces(log: FunnelLog) -> list[tuple[Write, float]]:
+    """Each decision on TASK's funnel that moved it forward (admitted, or a slot booked;
+    not a rebase, nor a booking given back), in order, with its slot (FAST or SLOW):
+    the rate it was decided at. A move that is no slot of either fails the test."""
+    found, odd, before = [], [], 0.0
+    for w in log.decisions(KEY):
+        if w.sha != REBASE.sha and w.tat - max(before, w.at) > 1e-5:
+            pace = _pace(w.tat - before, w.tat - w.at)
+            if pace is None:
+                odd.append(w)
+            else:
+                found.append((w, pace))
+        before = w.tat
+    assert odd == [], f"{len(odd)} moves of no slot at 20/s or 5/s:\n{shown(log)}"
+    return found
 
 
-def _peak_at(times: list[float]) -> float:
-    """Where the second with the most of ``times`` begins (epoch seconds)."""
-    most = peak(times)
-    return next(at for at in times if sum(at <= t < at + 1.0 for t in times) == most)
+def _pace(after_tat: float, after_now: float) -> float | None:
+    """The slot a decision moved the TAT: exactly one from the TAT before (a booking
+    behind others), or one from now (the script's ``now``, up to 40 ms before Redis
+    stamped its write on a loaded machine)."""
+    for slot in (FAST, SLOW):
+        if abs(after_tat - slot) < 2e-6 or slot - 0.04 <= after_now <= slot + 2e-6:
+            return slot
+    return None
 
 
-def test_set_changes_the_admitted_rate_within_a_second_and_unset_restores_it(
+def shown(log: FunnelLog) -> str:
+    """Every write of TASK's funnel, for a failure's message: when (Redis's clock), by
+    which connection and script, and how far it moved the TAT."""
+    names = {REBASE.sha: "rebase"}
+    lines = [
+        f"{w.at:.3f} {w.caller} {names.get(w.sha, w.sha[:8])} moved {moved * 1000:+.1f} ms"
+        for w, moved in log.steps(KEY)
+    ]
+    return "\n".join(lines if len(lines) <= 80 else [*lines[:40], "...", *lines[-40:]])
+
+
+def once_each(cluster: Cluster, first: int, count: int) -> None:
+    """Every task numbered ``first`` .. ``first + count - 1`` ran once, and was admitted
+    once by a worker's gate (``task_admitted``)."""
+    numbers = sorted(r["args"][0] for r in cluster.runs(first))
+    assert numbers == list(range(first, first + count)), "nothing lost, nothing run twice"
+    admitted = cluster.admissions(first)
+    assert len(admitted) == len(set(admitted)) == count, "each run admitted once"
+
+
+def ran(cluster: Cluster, first: int, count: int) -> bool:
+    return len(cluster.runs(first)) >= count
+
+
+class Feed:
+    """Tasks numbered from ``first``, sent as the workers run them so that ``LEAD`` of
+    them always wait (``top_up``): the funnel is busy whenever a change lands, however
+    long a CLI run or a page takes on a loaded machine."""
+
+    LEAD = 60  # 3 s of work at 20/s
+
+    def __init__(self, cluster: Cluster, first: int) -> None:
+        self.cluster, self.first, self.next = cluster, first, first
+
+    @property
+    def count(self) -> int:
+        return self.next - self.first
+
+    def top_up(self) -> bool:
+        if self.count - len(self.cluster.runs(self.first)) < self.LEAD:
+            self.cluster.send(range(self.next, self.next + self.LEAD))
+            self.next += self.LEAD
+        return True
+
+    def until(self, predicate: Callable[[], object], timeout: float) -> None:
+        """Wait for ``predicate`` (a hang after ``timeout``), topping up meanwhile."""
+        wait_for(lambda: self.top_up() and predicate(), timeout)
+
+    def cli(self, *args: str) -> tuple[float, float, str]:
+        """``cluster.cli(*args)``, topping up while it runs."""
+        done: list[tuple[float, float, str]] = []
+        thread = threading.Thread(target=lambda: done.append(self.cluster.cli(*args)))
+        thread.start()
+        self.until(lambda: not thread.is_alive(), 120)
+        thread.join()
+        assert done, f"`celery funnel {' '.join(args)}` failed"
+        return done[0]
+
+    def all_ran(self) -> None:
+        """Wait (a hang after 120 s) until every task sent ran."""
+        count = self.count
+        wait_for(lambda: ran(self.cluster, self.first, count), 120,
+                 pending(self.cluster, self.first, count))  # fmt: skip
+
+
+def pending(cluster: Cluster, first: int, count: int) -> Any:
+    """What a wait for tasks ``first`` .. ``first + count - 1`` still waits for."""
+
+    def said() -> str:
+        done = {r["args"][0] for r in cluster.runs(first)}
+        with redis.Redis.from_url(cluster.url) as client:
+            parked = ParkStore(client, "funnel:").counts()
+        left = sorted(set(range(first, first + count)) - done)
+        return f"{len(left)} not run ({left[:10]}...); parked {parked}"
+
+    return said
+
+
+def admitted_between(cluster: Cluster, first: int, begin: float, end: float) -> list[float]:
+    """When the workers' gates admitted tasks ``first`` and up (their clocks), in
+    [begin, end)."""
+    ids = {r["id"] for r in cluster.runs(first)}
+    return [a["at"] for a in admissions(cluster.url) if a["id"] in ids and begin <= a["at"] < end]
+
+
+def test_set_changes_the_admitted_rate_and_unset_restores_it(
     cluster: Cluster, record_property: Any
 ) -> None:
-    cluster.send(range(0, 160))
-    wait_for(lambda: len(cluster.starts()) >= 30, 30)
-    cluster.cli("set", TASK, "5/s")
-    written = control.overrides(cluster.app)[TASK].at  # the override's own time
-    time.sleep(3.5)
-    _, unset_at, out = cluster.cli("unset", TASK)
-    assert "back to the code's limit" in out
-    wait_for(lambda: len(cluster.starts()) >= 160, 60)
-    starts, admitted = cluster.starts(), cluster.admissions()
-    before = rate(starts, written - 1.5, written)
-    under = rate(starts, written + 1.0, unset_at - 0.5)
-    after = rate(starts, unset_at + 1.0, unset_at + 2.0)
-    record_property("rates", {"before": before, "override": under, "after_unset": after})
-    most, at = peak(admitted), _peak_at(admitted)
+    """Tasks sent as they run: ``set 5/s``, then ``unset``. Every decision before the
+    override was written is at 20/s; each worker's connection switches to 5/s once and
+    back once (20/s, 5/s, 20/s in that order); every 5/s decision lies between the
+    override's write and ``HANG`` after ``unset`` ended; the last ones are at 20/s again; and no
+    second of slots booked at 20/s holds more than 21 (capacity 1)."""
+    feed = Feed(cluster, 0)
+    with funnel_log(cluster.url, KEY) as log:
+        feed.until(lambda: ran(cluster, 0, 30), 60)
+        feed.cli("set", TASK, "5/s")
+        written = control.overrides(cluster.app)[TASK].at  # the override's own time
+        feed.until(lambda: sum(pace == SLOW for _, pace in paces(log)) >= 5, 60)
+        unsetting, unset_at, out = feed.cli("unset", TASK)
+        assert "back to the code's limit" in out
+        feed.until(lambda: sum(p == FAST and w.at > unset_at for w, p in paces(log)) >= 20, 60)
+        feed.all_ran()
+    decided = paces(log)
+    slow = [w for w, pace in decided if pace == SLOW]
+    first_slow, last_slow = min(w.at for w in slow), max(w.at for w in slow)
+    record_property("applied_after", {"set": first_slow - written, "unset": last_slow - unsetting})
+    # each decision's slot, on Redis's clock: the TAT it wrote less the slot it moved
+    changing = (written, unset_at + HANG)
+    fast = [
+        w.tat - FAST for w, p in decided if p == FAST and not changing[0] <= w.at <= changing[1]
+    ]
     print(
-        f"measured: code 20/s -> {before:.1f}/s; set 5/s -> {under:.1f}/s from 1 s after;"
-        f" unset -> {after:.1f}/s from 1 s after; admitted at most {most} in a second, from"
-        f" {at - written:.2f} s after set; started at most {peak(starts)} in a second"
+        f"measured: {len(decided)} decisions, {len(slow)} at 5/s: the first"
+        f" {first_slow - written:.3f} s after `set` was written, the last"
+        f" {last_slow - unsetting:.3f} s after `unset` began (Redis's clock); at most"
+        f" {peak(fast)} slots at 20/s in a second; started at most"
+        f" {peak(cluster.starts(0))} in a second (the workers' clocks)"
     )
-    assert 15 <= before <= 22
-    assert 3 <= under <= 6.5, "the override's 5/s, from 1 s after it was written"
-    assert after >= 14, "the code's 20/s again, 1 s after unset"
-    assert len(starts) == 160, "every task ran once"
-    # the limit is on admissions, each timed by the gate that made it: a start adds the
-    # pool's dispatch delay, which on a loaded machine varies by more than a slot (50 ms)
-    assert len(admitted) == 160, "every run admitted once"
-    assert most <= 21, (
-        f"never above the code's 20/s (capacity 1): {most} admitted in the second from"
-        f" {at - written:.2f} s after set, {at - unset_at:.2f} s after unset"
+    once_each(cluster, 0, feed.count)
+    assert len(decided) >= feed.count, "a decision (admitted, or a slot booked) for every run"
+    before = [pace for w, pace in decided if w.at < written]
+    assert before == [FAST] * len(before), f"20/s until the override was written:\n{shown(log)}"
+    # never before the override was written; after unset, for as long as a worker's
+    # live thread may take to read it (a hang bound)
+    assert all(written <= w.at <= unset_at + HANG for w in slow), (
+        f"5/s only while it was in force:\n{shown(log)}"
     )
+    for caller in {w.caller for w, _ in decided}:
+        mine = [pace for pace, _ in itertools.groupby(p for w, p in decided if w.caller == caller)]
+        assert mine in ORDERS, f"{caller} decided at 20/s, 5/s, 20/s in this order: {mine}"
+    assert decided[-1][1] == FAST, "back to the code's 20/s after unset"
+    assert any(w.at > last_slow and pace == FAST for w, pace in decided)
+    # the old bound, most admitted in a second <= 21, on the funnel's own slots
+    assert peak(fast) <= 21, f"never above the code's 20/s (capacity 1):\n{shown(log)}"
 
 
-def test_pause_stops_starts_within_a_second_and_resume_runs_every_task_once(
-    cluster: Cluster,
+def test_pause_stops_admissions_and_resume_runs_every_task_once(
+    cluster: Cluster, record_property: Any
 ) -> None:
-    # 6 s of tasks at 20/s: the pause (a CLI run, seconds on a loaded machine) lands
-    # while many still wait
-    cluster.send(range(1000, 1120))
-    wait_for(lambda: len(cluster.starts(1000)) >= 10, 30)
-    cluster.cli("pause", TASK)
-    written = control.overrides(cluster.app)[TASK].at
-    store = ParkStore(redis.Redis.from_url(cluster.url), "funnel:")
-    wait_for(lambda: store.counts().get(TASK, 0) > 0, 10)  # waiting tasks park
-    time.sleep(2.0)
-    paused_starts = cluster.starts(1000)
-    resumed, _, _ = cluster.cli("resume", TASK)
-    wait_for(lambda: len(cluster.starts(1000)) >= 120, 60)
-    starts = cluster.starts(1000)
-    late = [at for at in paused_starts if at > written + 1.0]
-    first = min(at for at in starts if at > resumed)
+    """Tasks sent as they run: ``pause`` parks the waiting ones; no
+    decision on the funnel (Redis's clock) and no admission by a gate from ``HANG``
+    after the pause was written until ``resume``, held 3 s longer than that; then every
+    task runs, once, at the code's rate."""
+    feed = Feed(cluster, 10000)
+    with funnel_log(cluster.url, KEY) as log:
+        feed.until(lambda: ran(cluster, 10000, 10), 60)
+        feed.cli("pause", TASK)
+        written = control.overrides(cluster.app)[TASK].at
+        with redis.Redis.from_url(cluster.url) as client:
+            store = ParkStore(client, "funnel:")
+            wait_for(lambda: store.counts().get(TASK, 0) > 0, 60, store.counts)  # they park
+            time.sleep(max(0.0, written + HANG + 3.0 - time.time()))  # the pause holds
+            parked = store.counts().get(TASK, 0)
+        resuming, _, _ = cluster.cli("resume", TASK)
+        feed.all_ran()
+    decided = paces(log)
+    during = [w.at - written for w, _ in decided if written <= w.at < resuming]
+    late = admitted_between(cluster, 10000, written + HANG, resuming)
+    record_property("last_decision_after_pause", max(during, default=0.0))
     print(
-        f"measured: last start {max(paused_starts) - written:.3f} s after the pause was"
-        f" written; first start {first - resumed:.3f} s after `resume` was run"
+        f"measured: last decision {max(during, default=0.0):.3f} s after the pause was"
+        f" written (Redis's clock); {parked} of {feed.count} parked at resume;"
+        f" {len(decided)} decisions"
     )
-    assert late == [], "no start later than 1 s after the pause"
-    assert len(starts) == 120, "nothing lost, nothing run twice"
-    recorded = sorted(r["args"][0] for r in runs(cluster.url) if 1000 <= r["args"][0] < 2000)
-    assert recorded == list(range(1000, 1120))
-    assert 0 < rate(starts, resumed, max(starts) + 1e-3) <= 21
+    assert [at for at in during if at > HANG] == [], f"no decision while paused:\n{shown(log)}"
+    assert late == [], "no admission while paused"
+    assert parked > 0, "the pause held tasks back"
+    once_each(cluster, 10000, feed.count)
+    assert {pace for w, pace in decided} == {FAST}, f"at the code's 20/s:\n{shown(log)}"
 
 
 def test_without_the_token_nothing_is_shown_and_the_controls_refuse(
@@ -197,43 +342,56 @@ def test_the_dashboard_refuses_to_start_open_beyond_this_machine(cluster: Cluste
 def test_the_dashboard_in_a_browser_shows_charts_and_pauses_a_funnel(
     cluster: Cluster, dashboard: Dashboard
 ) -> None:
+    """The page shows TASK's funnel and charts its admissions; its pause button pauses
+    it: no decision on the funnel (Redis's clock) and no admission from ``HANG`` after
+    the pause was written until its unset button is clicked (3 s later than that); then
+    every task runs once."""
     from selenium.webdriver.common.by import By
 
     browser = chromium()
     try:
         browser.get(f"{dashboard.url}/?token={TOKEN}")  # the page keeps it in a cookie
         row = f'tr[data-funnel="{TASK}"]'
-        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, row), 20)
-        cluster.send(range(2000, 2120))  # 6 s of work at 20/s: the pause comes before
-        shown = browser.find_element(By.CSS_SELECTOR, "#funnels tbody").text
-        assert TASK in shown
-        assert "20/s (capacity 1, gcra)" in shown
-        plotted = f"return window.cfDashboard.admitted[{json.dumps(TASK)}] || 0"
-        wait_for(lambda: browser.execute_script(plotted) >= 1, 20)
-        first = browser.execute_script(plotted)
-        wait_for(lambda: browser.execute_script(plotted) > first, 10)  # the chart updates
-        assert browser.find_elements(By.CSS_SELECTOR, f'div.chart[data-funnel="{TASK}"] canvas')
-        button = f'{row} button[data-action="pause"]'
-        clicked = time.time()
-        browser.find_element(By.CSS_SELECTOR, button).click()
-        wait_for(lambda: "PAUSED" in browser.find_element(By.CSS_SELECTOR, row).text, 10)
-        paused_at = control.overrides(cluster.app)[TASK].at
-        time.sleep(2.5)  # the chart shows the pause; nothing may start
-        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-        browser.save_screenshot(str(SCREENSHOT))
-        during = cluster.starts(2000)
-        print(
-            f"measured: pause clicked; written {paused_at - clicked:.3f} s after the click;"
-            f" last start {max(during) - paused_at:.3f} s after it; {len(during)} of 120 ran"
-        )
-        assert [at for at in during if at > paused_at + 1.0] == []
-        assert len(during) < 120, "the pause stopped starts before every task ran"
-        browser.find_element(By.CSS_SELECTOR, f'{row} button[data-action="unset"]').click()
-        wait_for(lambda: len(cluster.starts(2000)) >= 120, 60)
+        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, row), 60)
+        feed = Feed(cluster, 20000)
+        with funnel_log(cluster.url, KEY) as log:
+            feed.top_up()
+            table = browser.find_element(By.CSS_SELECTOR, "#funnels tbody").text
+            assert TASK in table
+            assert "20/s (capacity 1, gcra)" in table
+            plotted = f"return window.cfDashboard.admitted[{json.dumps(TASK)}] || 0"
+            feed.until(lambda: browser.execute_script(plotted) >= 1, 60)
+            first = browser.execute_script(plotted)
+            feed.until(lambda: browser.execute_script(plotted) > first, 60)  # the chart moves
+            assert browser.find_elements(By.CSS_SELECTOR, f'div.chart[data-funnel="{TASK}"] canvas')
+            button = f'{row} button[data-action="pause"]'
+            clicked = time.time()
+            browser.find_element(By.CSS_SELECTOR, button).click()
+            feed.until(lambda: "PAUSED" in browser.find_element(By.CSS_SELECTOR, row).text, 60)
+            paused_at = control.overrides(cluster.app)[TASK].at
+            time.sleep(max(0.0, paused_at + HANG + 3.0 - time.time()))  # the pause holds
+            SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+            height = browser.execute_script("return document.documentElement.scrollHeight")
+            browser.set_window_size(1500, max(1250, height + 200))  # the table and the charts
+            browser.save_screenshot(str(SCREENSHOT))
+            with redis.Redis.from_url(cluster.url) as client:
+                parked = ParkStore(client, "funnel:").counts().get(TASK, 0)
+            unsetting = time.time()
+            browser.find_element(By.CSS_SELECTOR, f'{row} button[data-action="unset"]').click()
+            feed.all_ran()
     finally:
         browser.quit()
-    numbers = sorted(r["args"][0] for r in runs(cluster.url) if r["args"][0] >= 2000)
-    assert numbers == list(range(2000, 2120)), "nothing lost, nothing run twice"
+    during = [w.at - paused_at for w, _ in paces(log) if paused_at <= w.at < unsetting]
+    late = admitted_between(cluster, 20000, paused_at + HANG, unsetting)
+    print(
+        f"measured: pause clicked; written {paused_at - clicked:.3f} s after the click;"
+        f" last decision {max(during, default=0.0):.3f} s after it (Redis's clock);"
+        f" {parked} of {feed.count} parked at unset"
+    )
+    assert [at for at in during if at > HANG] == [], f"no decision while paused:\n{shown(log)}"
+    assert late == [], "no admission while paused"
+    assert parked > 0, "the pause held tasks back"
+    once_each(cluster, 20000, feed.count)
 
 
 def test_status_metrics_and_series_show_overrides_and_parked_counts(cluster: Cluster) -> None:
@@ -286,17 +444,23 @@ def test_status_metrics_and_series_show_overrides_and_parked_counts(cluster: Clu
 def test_a_pause_with_a_ttl_ends_by_itself_and_releases_its_parked_tasks(
     cluster: Cluster,
 ) -> None:
-    control.pause(cluster.app, TASK, ttl=2.0)
+    """Paused for 8 s: 10 tasks sent meanwhile park (none runs); they run once it has
+    ended, released then (not by their 60 s re-check: a hang bound of 30 s), and the
+    expired override is gone."""
+    control.pause(cluster.app, TASK, ttl=8.0)
     ends = control.overrides(cluster.app)[TASK].expires_at
     assert ends is not None
-    time.sleep(0.6)
-    cluster.send(range(3000, 3010))
-    store = ParkStore(redis.Redis.from_url(cluster.url), "funnel:")
-    wait_for(lambda: store.counts().get(TASK, 0) == 10, 10)  # all parked, none ran
-    assert cluster.starts(3000) == []
-    wait_for(lambda: len(cluster.starts(3000)) == 10, 20)
-    starts = cluster.starts(3000)
+    time.sleep(0.6)  # every worker's live thread has read the pause (0.15 s refresh)
+    cluster.send(range(30000, 30010))
+    with redis.Redis.from_url(cluster.url) as client:
+        store = ParkStore(client, "funnel:")
+        wait_for(lambda: store.counts().get(TASK, 0) == 10, 60, store.counts)  # all parked
+    assert cluster.starts(30000) == [], "none ran while paused"
+    wait_for(lambda: ran(cluster, 30000, 10), 120, pending(cluster, 30000, 10))
+    starts = cluster.starts(30000)
     print(f"measured: first start {starts[0] - ends:.3f} s after the pause's ttl ended")
     assert starts[0] >= ends
-    assert starts[0] - ends < 5.0, "released when the pause ended, not after 60 s"
+    # old bound 5 s: how soon a loaded worker's releaser ran; the bug is the 60 s re-check
+    assert starts[0] - ends < 30.0, "released when the pause ended, not after 60 s"
+    once_each(cluster, 30000, 10)
     assert control.overrides(cluster.app) == {}, "the expired override is gone"

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -30,6 +31,20 @@ def read(directory: Path, name: str, **labels: str) -> float | None:
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(directory))
     return registry.get_sample_value(name, labels)
+
+
+def per_process(directory: Path, name: str, **labels: str) -> dict[str, float]:
+    """The samples of a gauge whose labels include ``labels``, by ``pid`` ("" where a
+    mode other than ``liveall`` merged the processes), as an exporter serving
+    ``directory`` shows them."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(directory))
+    return {
+        sample.labels.get("pid", ""): sample.value
+        for metric in registry.collect()
+        for sample in metric.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    }
 
 
 def test_gauges_are_true_under_prefork(
@@ -99,8 +114,8 @@ def test_the_waiting_gauge_counts_held_and_parked_tasks_per_queue(
     }  # fmt: skip
     app = make_app(broker.url, standalone_url, queue=queue)
 
-    def waiting(how: str) -> float:
-        return read(tmp_path, "celery_funnel_waiting", queue=queue, how=how) or 0.0
+    def waiting(how: str) -> float:  # summed over the processes, as the docs' query does
+        return sum(per_process(tmp_path, "celery_funnel_waiting", queue=queue, how=how).values())
 
     try:
         with CeleryWorkers(
@@ -114,6 +129,59 @@ def test_the_waiting_gauge_counts_held_and_parked_tasks_per_queue(
             assert [r.get(timeout=90) for r in slow] == list(range(8))
             wait_for(lambda: waiting("held") == 0 and waiting("parked") == 0, 20)
             # the series is the queue's, not another's
-            assert read(tmp_path, "celery_funnel_waiting", queue="proj", how="parked") is None
+            assert per_process(tmp_path, "celery_funnel_waiting", queue="proj") == {}
+    finally:
+        close_app(app)
+
+
+def test_the_waiting_gauge_adds_up_over_workers_sharing_one_directory(
+    broker: RedisServer, standalone_url: str, tmp_path: Path
+) -> None:
+    """Two real workers with one ``PROMETHEUS_MULTIPROC_DIR`` (issue 55, item 3): the
+    tasks each holds add up, as the autoscaling query in docs/operations.md sums them
+    (the gauge showed the count of whichever worker wrote last: 5 held while 13 were).
+    A worker that shuts down takes its count with it."""
+    queue = f"share-{time.time_ns()}"
+    env = {
+        "FUNNEL_TEST_BROKER": broker.url, "FUNNEL_TEST_REDIS": standalone_url,
+        "FUNNEL_TEST_QUEUE": queue, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
+        "FUNNEL_TEST_PARK": "0",  # every wait in a worker: held, or republished
+    }  # fmt: skip
+    app = make_app(broker.url, standalone_url, queue=queue, task_ignore_result=True)
+    waiting = 12  # proj.hourly (1/h): the first runs, the others wait for an hour or more
+
+    def held() -> dict[str, float]:
+        counts: dict[str, float] = {}
+        for how in ("held", "republished"):
+            found = per_process(tmp_path, "celery_funnel_waiting", queue=queue, how=how)
+            for pid, value in found.items():
+                counts[pid] = counts.get(pid, 0) + value
+        return counts
+
+    try:
+        with CeleryWorkers(
+            "tests.integration.metrics_proj", 2, env, "-P", "solo", "-Q", queue, cwd=ROOT,
+            prefix=f"{queue}-w",
+        ) as workers:  # fmt: skip
+            # one at a time, each taken before the next is sent: Redis hands each to the
+            # worker that has waited longest, so that both take some
+            with redis.Redis.from_url(broker.url) as client:
+                for n in range(1 + waiting):
+                    app.tasks["proj.hourly"].delay(n)
+                    wait_for(lambda: client.llen(queue) == 0, 30)
+            wait_for(lambda: len(runs(standalone_url)) == 1, 30)
+            mains = {str(p.pid) for p in workers.processes}
+
+            def adds_up() -> bool:
+                counts = held()
+                return (
+                    sum(counts.values()) == waiting and {p for p, n in counts.items() if n} == mains
+                )
+
+            wait_for(adds_up, 30)  # both hold some, and the gauge adds them up
+            first = workers.processes[0]
+            first.terminate()  # a warm shutdown: its tasks go back to the broker
+            first.wait(60)
+            assert str(first.pid) not in held(), "its count left with it"
     finally:
         close_app(app)

@@ -2,10 +2,13 @@
 (docs/quickstart.md), against the README's quickstart ``tasks.py``, in a project folder
 of their own (CI also runs the quickstart itself with the built wheel alone:
 .ci/quickstart.py). The README stays a front page: at most 350 lines, its first runnable
-Python within its first 60."""
+Python within its first 60. The ``status`` samples of the README and of
+docs/operations.md are real output (``CELERY_FUNNEL_WRITE_SAMPLES=1`` writes the
+latter's from a run into the page)."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -58,3 +61,67 @@ def test_the_readme_status_sample_is_the_real_output(tmp_path: Path, redis_url: 
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout == found.group(1)
+
+
+OPERATIONS = ROOT / "docs" / "operations.md"
+RUNNING = re.compile(r"(With the quickstart running \(two workers\):\n\n```\n)(.*?)(```)", re.S)
+
+
+def shape(text: str) -> list[str]:
+    """``text``'s lines with every number a ``N`` and every run of spaces one space."""
+    return [re.sub(r"\d+(\.\d+)?", "N", " ".join(line.split())) for line in text.splitlines()]
+
+
+def test_the_operations_status_sample_is_a_real_run(tmp_path: Path, redis_url: str) -> None:
+    """docs/operations.md's ``funnel status`` with the quickstart running: two workers
+    of the README's ``tasks.py``, 300 tasks sent at once (5/s: a minute of waits; those
+    over 5 s parked on the broker's Redis). Its columns and lines are what the command
+    prints while tasks wait (the page said ``booked``/``parked`` show "only when a row
+    has one"). The command may take seconds on a loaded machine: a minute of waiting
+    tasks leaves it time to see them."""
+    import redis
+
+    from celery_funnel.testing import CeleryWorkers
+    from tests.polling import wait_for
+
+    (tmp_path / "tasks.py").write_text(block_after("<!-- quickstart: tasks.py -->"))
+    redis.Redis.from_url(redis_url).flushall()
+    env = {"REDIS_URL": redis_url, "PYTHONPATH": str(ROOT)}
+    page = OPERATIONS.read_text()
+    found = RUNNING.search(page)
+    assert found is not None, "the sample's block"
+    sample = found.group(2)
+
+    def status() -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "celery", "-A", "tasks", "funnel", "status"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+            env={**env, "PATH": "/usr/bin:/bin"},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return "$ celery -A tasks funnel status\n" + done.stdout
+
+    seen: list[str] = []
+
+    def alike() -> bool:
+        seen.append(status())
+        return shape(seen[-1]) == shape(sample)
+
+    with CeleryWorkers("tasks", 2, env, "-c", "4", cwd=str(tmp_path)):
+        send = "from tasks import call_api\nfor n in range(300): call_api.delay(n)"
+        subprocess.run(
+            [sys.executable, "-c", send], cwd=tmp_path, env={**os.environ, **env}, check=True,
+            timeout=60,
+        )  # fmt: skip
+        if os.environ.get("CELERY_FUNNEL_WRITE_SAMPLES") == "1":
+
+            def waiting() -> bool:  # tasks booked and parked, several of them
+                seen.append(status())
+                return "booked" in seen[-1] and bool(re.search(r"parked: \d\d? tasks", seen[-1]))
+
+            wait_for(waiting, 50)
+            sample = seen[-1]
+            OPERATIONS.write_text(page[: found.start(2)] + sample + page[found.end(2) :])
+        wait_for(alike, 50)
+    assert "booked" in sample, sample
+    assert "parked:" in sample, sample

@@ -33,6 +33,7 @@ from tests.polling import wait_for
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 ROOT = str(Path(__file__).resolve().parents[2])
 LIMITS = {"proj.plain": "1/30s"}
+KEY_A = "funnel:{proj.unique_held:a}"  # the unique key of proj.unique_held("a")
 
 
 class Site:
@@ -41,31 +42,32 @@ class Site:
     def __init__(self, app: Celery, env: dict[str, str], workers: CeleryWorkers) -> None:
         self.app, self.env, self.workers = app, env, workers
 
-    def why(self, task_id: str, *more: str) -> subprocess.CompletedProcess[str]:
-        """``celery -A tests.integration.proj funnel why TASK_ID ...``, as a user runs it."""
-        return why(self.env, task_id, *more)
+    def why(self, *args: str, deadline: float = 60) -> subprocess.CompletedProcess[str]:
+        """``celery -A tests.integration.proj funnel why ARGS``, as a user runs it."""
+        return why(self.env, *args, deadline=deadline)
 
-    def answer(self, task_id: str, *more: str) -> dict[str, Any]:
+    def answer(self, *args: str) -> dict[str, Any]:
         """``why --json``'s object (the command must succeed)."""
-        return answer(self.env, task_id, *more)
+        return answer(self.env, *args)
 
 
-def why(env: dict[str, str], task_id: str, *more: str) -> subprocess.CompletedProcess[str]:
-    """``celery -A tests.integration.proj funnel why TASK_ID ...`` run with ``env``."""
-    return subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "tests.integration.proj", "funnel", "why",
-         task_id, "--timeout", "1", *more],
-        capture_output=True, text=True, timeout=60, cwd=ROOT, check=False,
-        env={**env, "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
-
-
-def answer(env: dict[str, str], task_id: str, *more: str) -> dict[str, Any]:
-    """``why --json``'s object (the command must succeed)."""
-    done = why(env, task_id, "--json", *more)
+def answer(env: dict[str, str], *args: str) -> dict[str, Any]:
+    """``why --json``'s object, run with ``env`` (the command must succeed)."""
+    done = why(env, *args, "--json")
     assert done.returncode == 0, (done.stdout, done.stderr)
     found: dict[str, Any] = json.loads(done.stdout)
     return found
+
+
+def why(env: dict[str, str], *args: str, deadline: float = 60) -> subprocess.CompletedProcess[str]:
+    """``celery -A tests.integration.proj funnel why ARGS`` (``--timeout 1`` unless
+    ARGS say otherwise), in ``env``; ``deadline``: a hang."""
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.integration.proj", "funnel", "why",
+         "--timeout", "1", *args],
+        capture_output=True, text=True, timeout=deadline, cwd=ROOT, check=False,
+        env={**env, "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
 
 
 def site(broker_url: str, funnel_url: str, **env: str) -> Generator[Site, None, None]:
@@ -149,6 +151,27 @@ def test_why_tells_where_each_task_is(where: Site, standalone_url: str) -> None:
     inspect = app.control.inspect(timeout=1, destination=[answer["worker"]])
     (reply,) = (inspect.query_task(held.id) or {}).values()
     assert reply[held.id][0] == "scheduled", reply
+    # docs/operations.md's sample is this answer, its names and times put back
+    shown = where.why(held.id).stdout
+    for real, sample in [
+        (held.id, "5b3e..."), (answer["worker"], "w1@vm"),
+        (answer["eta"], "2026-11-25T04:58:35.120+00:00"), ("limit:proj.plain", "tasks.call_api"),
+        ("proj.plain", "tasks.call_api"),
+    ]:  # fmt: skip
+        shown = shown.replace(real, sample)
+    docs = (Path(ROOT) / "docs" / "operations.md").read_text()
+    assert f"$ celery -A tasks funnel why 5b3e...\n{shown}```" in docs, shown
+
+    # by the key alone: a collapsed send returned the holder's id, none of its own
+    answer = where.answer("--task", "proj.unique_held", "--key", "a")
+    assert (answer["task_id"], answer["state"]) == (holder.id, "running"), answer
+    assert (answer["task"], answer["unique_key"]) == ("proj.unique_held", KEY_A)
+    by_key = where.why("--task", "proj.unique_held", "--key", "a").stdout
+    assert by_key.startswith(f"unique key {KEY_A} held by task proj.unique_held[{holder.id}]")
+    nobody = where.why("--task", "proj.unique_held", "--key", "b")
+    assert nobody.returncode == 1
+    assert "no task holds it" in nobody.stdout, nobody.stdout
+    assert where.why("--task", "proj.unique_held").returncode == 2, "TASK_ID, or --task and --key"
 
     answer = where.answer(parked.id)
     assert answer["state"] == "parked", answer
@@ -166,7 +189,9 @@ def test_why_tells_where_each_task_is(where: Site, standalone_url: str) -> None:
     assert answer["date_done"].endswith("+00:00")
     assert where.answer(first.id)["state"] == "done"
 
-    unknown = where.why("no-such-task")
+    # the workers that write their live state are asked, and their replies awaited
+    # until they all came: not for --timeout (two broadcasts, asked twice when unknown)
+    unknown = where.why("no-such-task", "--timeout", "60", deadline=50)
     assert unknown.returncode == 1
     assert unknown.stdout.count("\n") == 1, unknown.stdout
     assert "unknown" in unknown.stdout, unknown.stdout
@@ -254,3 +279,87 @@ def test_why_with_task_and_key_never_says_the_holder_collapsed_into_itself(
         assert (found["state"], found["holder"]) == ("collapsed", holder.id), found
     finally:
         close_app(app)
+
+
+@pytest.fixture(params=["redis", "rabbitmq"])
+def broker_url(request: pytest.FixtureRequest, broker: RedisServer) -> str:
+    if request.param == "redis":
+        return broker.url
+    url: str = request.getfixturevalue("amqp_url")  # skipped without it, unless CI is set
+    return url
+
+
+def test_why_tells_a_queued_task_from_a_wrong_id(broker_url: str, standalone_url: str) -> None:
+    """No worker takes the queue up (issue 55, item 4): a task sent waits in the broker.
+    Both answered ``unknown``. A Redis broker is searched: the task is ``queued`` there,
+    a wrong id is not among its messages; RabbitMQ cannot be searched without taking the
+    messages: the answer stays ``unknown`` and says how many wait, and once the queue
+    is empty, that the id is wrong."""
+    queue = f"why-{time.time_ns()}"
+    env = {"FUNNEL_TEST_BROKER": broker_url, "FUNNEL_TEST_REDIS": standalone_url,
+           "FUNNEL_TEST_QUEUE": queue}  # fmt: skip
+    app = make_app(broker_url, standalone_url, queue=queue, task_ignore_result=True)
+    try:
+        with app.connection_for_write() as connection:  # declared, as a worker would
+            Queue(queue, channel=connection.channel()).declare()
+        sent = app.tasks["proj.limited"].delay(1)
+        found, wrong = why(env, sent.id, "--json"), why(env, "no-such-task")
+        assert wrong.returncode == 1, wrong.stdout
+        if broker_url.startswith("redis"):
+            assert found.returncode == 0, (found.stdout, found.stderr)
+            answer = json.loads(found.stdout)
+            assert (answer["state"], answer["queue"]) == ("queued", queue), answer
+            assert "not among the broker's messages: a wrong id?" in wrong.stdout, wrong.stdout
+        else:
+            assert found.returncode == 1, found.stdout
+            answer = json.loads(found.stdout)
+            assert answer["state"] == "unknown", answer
+            maybe = "the broker cannot be searched: it may be among the messages waiting"
+            assert f"{maybe} in its queues (1 in {queue})" in answer["where"], answer
+            with app.connection_for_write() as connection:
+                Queue(queue, channel=connection.channel()).purge()
+            emptied = why(env, sent.id)
+            assert emptied.returncode == 1
+            assert (
+                f"no message waits in the app's queues (0 in {queue}): a wrong id?"
+                in emptied.stdout
+            )
+    finally:
+        if not broker_url.startswith("redis"):
+            with app.connection_for_write() as connection:
+                Queue(queue, channel=connection.channel()).delete()
+        close_app(app)
+
+
+def test_why_follows_a_republished_task_back_to_the_broker_and_names_it(
+    broker_url: str, standalone_url: str
+) -> None:
+    """Parking off, countdowns capped at 1 s (issue 55, item 4): a republished task's
+    answer names its funnel (it named none); with the workers' consumer cancelled, its
+    next copy waits in the broker: ``queued``, on both brokers (it was ``unknown``);
+    once run, ``done`` names the task (from the copies' record: no ``result_extended``).
+    ``proj.plain`` runs 1 per 30 s: the third waits a minute, time for the command to
+    see it on a loaded machine."""
+    conf = json.dumps({"funnel_park_after": 60.0, "funnel_max_countdown": 1.0})
+    found = site(broker_url, standalone_url, FUNNEL_TEST_CONF=conf, FUNNEL_TEST_PARK="0")
+    with contextlib.closing(found) as sites:
+        here = next(sites)
+        app, queue = here.app, here.env["FUNNEL_TEST_QUEUE"]
+        sent = [app.tasks["proj.plain"].delay(n) for n in range(3)]  # at 0, 30 and 60 s
+        seen: list[dict[str, Any]] = []
+
+        def state(wanted: str) -> bool:
+            seen.append(here.answer(sent[2].id))
+            return bool(seen[-1]["state"] == wanted)
+
+        wait_for(lambda: state("republished"), 40)
+        assert seen[-1]["funnel"] == "limit:proj.plain", seen[-1]
+        assert "with a countdown by funnel limit:proj.plain" in seen[-1]["where"], seen[-1]
+        (worker,) = {s["worker"] for s in seen if s["worker"]}
+        app.control.cancel_consumer(queue, destination=[worker], reply=True)
+        wait_for(lambda: state("queued"), 40)
+        assert seen[-1]["task"] == "proj.plain", seen[-1]
+        app.control.add_consumer(queue, destination=[worker], reply=True)
+        assert [r.get(timeout=120) for r in sent] == [0, 1, 2]
+        done = here.answer(sent[2].id)
+        assert (done["state"], done["task"]) == ("done", "proj.plain"), done

@@ -14,10 +14,10 @@ from celery import Celery
 
 from celery_funnel.testing import CeleryWorkers
 from tests.broker_options import restore_options
-from tests.integration.transport_proj import TransportConf, make_transport_app
+from tests.integration.transport_proj import TransportConf, counts, make_transport_app
 from tests.polling import wait_for
 
-__all__ = ["ROOT", "held", "producer", "restoring", "visible", "workers"]
+__all__ = ["ROOT", "held", "producer", "ran_once", "restoring", "visible", "workers"]
 
 ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -60,6 +60,16 @@ def visible(broker_url: str, visibility: float, prefix: str = "") -> None:
                                                        withscores=True)]  # fmt: skip
     if scores:
         wait_for(lambda: time.time() - max(scores) > visibility + 0.5, visibility + 30)
+
+
+def ran_once(store_url: str, ids: list[str], timeout: float = 90.0) -> None:
+    """Every task of ``ids`` ran, none twice (a hang fails after ``timeout`` s, naming
+    the tasks that did not run)."""
+    try:
+        wait_for(lambda: set(counts(store_url)) >= set(ids), timeout)
+    except AssertionError:
+        raise AssertionError(f"not run: {sorted(set(ids) - set(counts(store_url)))}") from None
+    assert {task: n for task, n in counts(store_url).items() if n > 1} == {}
 
 
 def held(broker_url: str, prefix: str = "") -> int:

@@ -5,7 +5,6 @@ silently) (issue 43, item 6)."""
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import pytest
@@ -53,17 +52,18 @@ def test_other_strings_are_refused_naming_task_option_and_value(
     assert message in str(raised.value)
 
 
-def test_rate_limit_beside_funnel_rate_is_logged_at_the_decorator(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    """Both apply (a per-worker cap beside a shared one is allowed), and not silently."""
-    with caplog.at_level(logging.WARNING, logger="celery_funnel._config.options"):
+def test_rate_limit_beside_funnel_rate_is_a_warning_at_the_decorator() -> None:
+    """Both apply (a per-worker cap beside a shared one is allowed), and not silently:
+    a Python warning, shown where no logging is set up (it was a log line, which an
+    import outside a worker did not show: issue 55), pointing at the decorator's line."""
+    with pytest.warns(UserWarning, match="both apply") as caught:
         app_with(funnel_rate="5/s", rate_limit="10/m")
-    assert [r.getMessage() for r in caplog.records] == [
+    assert [str(w.message) for w in caught] == [
         "celery-funnel: task 't.run': rate_limit='10/m' and funnel_rate='5/s' both apply"
         " (rate_limit per worker, funnel_rate over every worker); remove rate_limit unless"
         " a per-worker cap is meant (docs/configuration.md, 'Moving off rate_limit')"
     ]
+    assert caught[0].filename == __file__, "the user's decorator line"
 
 
 def test_rate_limit_alone_or_from_the_apps_default_is_left_to_celery() -> None:
@@ -74,13 +74,9 @@ def test_rate_limit_alone_or_from_the_apps_default_is_left_to_celery() -> None:
     check_app(app)  # every task's default, not this one's own
 
 
-def test_rate_limit_from_task_annotations_is_logged_at_worker_start(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+def test_rate_limit_from_task_annotations_is_a_warning_at_worker_start() -> None:
     app = app_with(funnel_rate="5/s")
     app.conf.task_annotations = {"t.run": {"rate_limit": "1/s"}}
     type(app.tasks["t.run"]).rate_limit = "1/s"  # what annotations do, on a finalized app
-    with caplog.at_level(logging.WARNING, logger="celery_funnel._config.options"):
+    with pytest.warns(UserWarning, match="rate_limit='1/s' and funnel_rate='5/s' both apply"):
         check_app(app)
-    assert any("rate_limit='1/s' and funnel_rate='5/s' both apply" in r.getMessage()
-               for r in caplog.records)  # fmt: skip

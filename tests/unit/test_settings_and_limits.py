@@ -165,8 +165,11 @@ def test_booleans_refuse_anything_else(name: str, value: object) -> None:
     ("key", "suggestion"),
     [
         ("funnel_limit", "funnel_limits"),
-        ("FUNNEL_LIMIT", "funnel_limits"),
-        ("CELERY_FUNNEL_REDIS_URI", "funnel_redis_url"),
+        # answered in the spelling used (issue 55: a Django project's CELERY_ name was
+        # answered with the lower-case one, which its settings module cannot use)
+        ("FUNNEL_LIMIT", "FUNNEL_LIMITS"),
+        ("CELERY_FUNNEL_REDIS_URI", "CELERY_FUNNEL_REDIS_URL"),
+        ("CELERY_FUNNEL_REDIS_ULR", "CELERY_FUNNEL_REDIS_URL"),
         ("funnel_dryrun", "funnel_dry_run"),
         ("funnel_rates", "funnel_rate"),
     ],
@@ -177,6 +180,10 @@ def test_misspelled_settings_fail_with_did_you_mean(key: str, suggestion: str) -
     message = str(info.value)
     assert f"app.conf.{key}='x' is not a celery-funnel setting" in message
     assert f"(did you mean {suggestion!r}?)" in message
+    spelled = {"CELERY": "CELERY_FUNNEL_PARK", "FUNNEL": "FUNNEL_PARK"}.get(
+        key.split("_", maxsplit=1)[0], "funnel_park"
+    )
+    assert repr(spelled) in message.split("the settings are")[1], "listed as spelled"
 
 
 def test_other_librarys_upper_case_funnel_settings_are_left_alone() -> None:
@@ -184,7 +191,7 @@ def test_other_librarys_upper_case_funnel_settings_are_left_alone() -> None:
     another library's. Upper case names that resemble a setting are still refused."""
     settings = FunnelSettings.from_conf({"FUNNEL_ANALYTICS_ID": "x", "FUNNEL_REDIS_URL": "r"})
     assert settings.redis_url == "r"
-    with pytest.raises(ConfigurationError, match="did you mean 'funnel_redis_url'"):
+    with pytest.raises(ConfigurationError, match="did you mean 'FUNNEL_REDIS_URL'"):
         FunnelSettings.from_conf({"FUNNEL_REDIS_URI": "r"})
     with pytest.raises(ConfigurationError, match="CELERY_FUNNEL_ANALYTICS_ID"):
         FunnelSettings.from_conf({"CELERY_FUNNEL_ANALYTICS_ID": "x"})

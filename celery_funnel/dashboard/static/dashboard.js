@@ -8,7 +8,8 @@ const counts = {};   // funnel -> Map(second -> [admitted, deferred])
 const charts = {};   // funnel -> uPlot
 const rows = {};     // funnel -> <tr>
 let since = null;
-window.cfDashboard = { updates: 0, admitted: {} };  // read by the browser test
+// read by the browser tests
+window.cfDashboard = { updates: 0, admitted: {}, deferred: {}, charts };
 
 function text(value) { return value === null || value === undefined ? "–" : String(value); }
 
@@ -99,10 +100,29 @@ function describeOverride(o) {
   return `${parts.join(", ")} — by ${o.by} at ${at}${until}`;
 }
 
-function lastSecond(name) {
+// admitted and deferred per second, averaged over the last RATE_SECONDS whole seconds
+// (the workers write their counts about twice a second: one second alone flickers)
+const RATE_SECONDS = 10;
+
+function rates(name) {
   const map = counts[name];
-  const second = Math.floor(Date.now() / 1000) - 1;
-  return (map && map.get(second)) || [0, 0];
+  const end = Math.floor(Date.now() / 1000) - 1;
+  const sum = [0, 0];
+  for (let second = end - RATE_SECONDS + 1; map && second <= end; second++) {
+    const pair = map.get(second) || [0, 0];
+    sum[0] += pair[0]; sum[1] += pair[1];
+  }
+  return sum.map((n) => Number((n / RATE_SECONDS).toFixed(1)));
+}
+
+// one level in a row's cell: a bar, then "used/capacity" (and what it counts)
+function bar(td, used, capacity, keys, what) {
+  const line = document.createElement("div");
+  line.className = "level";
+  const share = capacity ? Math.min(1, used / capacity) : 0;
+  line.innerHTML = `<span class="bar"><span style="width:${(share * 100).toFixed(0)}%"></span></span>`;
+  line.append(`${used}/${capacity}` + (what ? ` ${what}` : "") + (keys > 1 ? ` (${keys} keys)` : ""));
+  td.appendChild(line);
 }
 
 function showState(state) {
@@ -114,15 +134,13 @@ function showState(state) {
     c.code.textContent = code.join("; ");
     c.override.textContent = describeOverride(f.override);
     c.override.className = f.override && f.override.paused ? "paused" : "override";
+    c.level.textContent = "";
     const level = f.level || {};
-    if (level.capacity) {
-      const share = Math.min(1, level.used / level.capacity);
-      c.level.innerHTML = `<span class="bar"><span style="width:${(share * 100).toFixed(0)}%"></span></span>`;
-      c.level.append(`${level.used}/${level.capacity}` + (level.keys > 1 ? ` (${level.keys} keys)` : ""));
-    } else {
-      c.level.textContent = level.error ? `error: ${level.error}` : "idle";
-    }
-    const [admitted, deferred] = lastSecond(f.name);
+    if (f.seats) bar(c.level, f.seats.used, f.seats.capacity, f.seats.keys, "in use");
+    if (level.capacity) bar(c.level, level.used, level.capacity, level.keys, "");
+    if (level.error) c.level.append(`error: ${level.error}`);
+    if (!c.level.textContent) c.level.textContent = "idle";
+    const [admitted, deferred] = rates(f.name);
     c.admitted.textContent = admitted;
     c.deferred.textContent = deferred;
     c.parked.textContent = text(f.parked);
@@ -143,45 +161,65 @@ function showDedupe(rows) {
   }
 }
 
+// a time axis label: UTC and 24-hour, as the CLI (uPlot's default: local time,
+// 12-hour); seconds only where the ticks are less than a minute apart
+function timeLabels(u, splits) {
+  const step = splits.length > 1 ? splits[1] - splits[0] : 60;
+  return splits.map((s) => new Date(s * 1000).toISOString().slice(11, step % 60 ? 19 : 16));
+}
+
+const CHART_HEIGHT = 180;
+
+// the plot's width: its panel's inner width (the panel is a grid cell)
+function plotWidth(box) {
+  const style = getComputedStyle(box);
+  return Math.max(200, Math.floor(box.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight)));
+}
+
 function chart(name) {
   if (charts[name]) return charts[name];
   const box = document.createElement("div");
   box.className = "chart";
   box.dataset.funnel = name;
   const title = document.createElement("h2");
-  title.textContent = `${name}: decisions per second, last hour`;
+  title.textContent = `${name}: decisions per second, last hour (UTC)`;
   box.appendChild(title);
   document.getElementById("charts").appendChild(box);
   const options = {
-    width: 500, height: 180,
+    width: plotWidth(box), height: CHART_HEIGHT,
     scales: { x: { time: true } },
-    // UTC and 24-hour, as the CLI (uPlot's default: local time, 12-hour)
-    axes: [{ values: (u, splits) => splits.map((s) => new Date(s * 1000).toISOString().slice(11, 19)) }, {}],
+    // a label takes about 8 characters: ticks at least 90 px apart never touch
+    axes: [{ values: timeLabels, space: 90 }, {}],
     series: [
       { value: (u, v) => (v === null || v === undefined ? "–" : utc(v)) },
       { label: "admitted/s", stroke: "#2e7d32", width: 1.5 },
       { label: "deferred/s", stroke: "#ef6c00", width: 1 },
     ],
   };
-  charts[name] = new uPlot(options, [[], [], []], box);
-  return charts[name];
+  const plot = new uPlot(options, [[], [], []], box);
+  new ResizeObserver(() => {
+    const width = plotWidth(box);
+    if (width !== plot.width) plot.setSize({ width, height: CHART_HEIGHT });
+  }).observe(box);
+  charts[name] = plot;
+  return plot;
 }
 
 function showSeries() {
+  // every chart spans the same hour, up to the last whole second
   const end = Math.floor(Date.now() / 1000) - 1;
   for (const [name, map] of Object.entries(counts)) {
     if (!map.size) continue;  // a chart for each funnel that decided something
     const xs = [], admitted = [], deferred = [];
-    let total = 0;
-    // the last hour, or from just before the first decision kept
-    const first = Math.max(end - HOUR + 1, Math.min(...map.keys()) - 5);
-    for (let second = first; second <= end; second++) {
+    let total = 0, refused = 0;
+    for (let second = end - HOUR + 1; second <= end; second++) {
       const pair = map.get(second) || [0, 0];
       xs.push(second); admitted.push(pair[0]); deferred.push(pair[1]);
-      total += pair[0];
+      total += pair[0]; refused += pair[1];
     }
     chart(name).setData([xs, admitted, deferred]);
     window.cfDashboard.admitted[name] = total;
+    window.cfDashboard.deferred[name] = refused;
   }
 }
 
