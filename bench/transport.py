@@ -33,6 +33,7 @@ import math
 import os
 import statistics
 from dataclasses import dataclass, field
+from typing import Any
 
 import celery
 import kombu
@@ -154,9 +155,9 @@ def _latency_rows(results: Results) -> list[list[str]]:
     got = results.latency
     rows = []
     for name, share in (("p50", 0.5), ("p99", 0.99)):
-        for against, label in (("ours", "our producer"), ("fallback", "stock producer")):
+        for against, label in (("ours", ""), ("fallback", ", a stock producer to our worker")):
             stock, ours = percentile(got["stock"], share), percentile(got[against], share)
-            rows.append([f"publish to start at idle, {name}, {label} (ms; {len(got[against])})",
+            rows.append([f"publish to start at idle, {name}{label} (ms; {len(got[against])} tasks)",
                          f"{stock * 1e3:.2f}", f"{ours * 1e3:.2f}", f"{ours / stock:.2f}", ""])  # fmt: skip
     return rows
 
@@ -190,7 +191,8 @@ def table(results: Results, plan: Plan, version: str, command: str) -> str:
         " medians, and the median of paired rounds' ratios with their range. Fetch: the server's"
         " µs per message in BRPOP + HSET + ZADD (kombu's) or EVAL/EVALSHA + BRPOP (ours)."
         " Publish to start: one idle prefork -c 1 worker per row on its own server, sends taking"
-        f" turns after 20-100 ms pauses; kombu's column is the same in both. Idle: {plan.windows}"
+        " turns after 20-100 ms pauses (a stock producer's: 0-1 s more, to spread them over"
+        f" the 1 s poll); kombu's figure in those rows is the same. Idle: {plan.windows}"
         f" windows of {plan.window:g} s, every server in the same windows."
     )
     header = ["figure", "kombu's transport", "celery-funnel's transport",
@@ -201,47 +203,57 @@ def table(results: Results, plan: Plan, version: str, command: str) -> str:
     return markdown(caption, header, rows)
 
 
-def plot(results: Results, path: Path) -> None:
-    """Four panels: saturated ratios, CPU per message, publish to start, idle CPU."""
+COLOURS = {"stock": "tab:orange", "ours": "tab:blue", "fallback": "tab:green", "none": "tab:grey"}
+
+
+def plot(results: Results, path: Path, workers: int) -> None:
+    """Four panels: saturated tasks/s and broker CPU per message (ours / kombu's),
+    publish to start at idle, and the idle broker's CPU."""
     plt = pyplot()
     fig, ((rates, cpu), (late, idle)) = plt.subplots(2, 2, figsize=(12, 8))
-    labels = list(results.saturated)
-    xs = list(range(len(labels)))
-    for ax, key, title in ((rates, "rate", "tasks/s"), (cpu, "cpu_us", "broker CPU per message")):
-        got = [results.saturated[n][key] for n in labels]
-        errors = [[r["ratio"] - r["low"] for r in got], [r["high"] - r["ratio"] for r in got]]
-        ax.bar(xs, [r["ratio"] for r in got], yerr=errors, capsize=4, color="tab:blue")
-        ax.axhline(1.0, color="grey", linewidth=0.8)
-        ax.set_ylabel(f"{title}, ours / kombu's")
-        ax.set_xticks(xs, labels, rotation=20, fontsize=8, ha="right")
-        ax.grid(alpha=0.3, axis="y")
+    _ratios(rates, results, "rate", "saturated tasks/s")
     rates.axhline(TARGET, color="black", linestyle="--", linewidth=0.8, label=f"target {TARGET}")
     rates.legend(loc="lower right", fontsize=8)
+    _ratios(cpu, results, "cpu_us", "broker CPU per message")
     names = {"stock": "kombu's", "ours": "ours", "fallback": "ours, stock producer (1 s poll)"}
     for row, values in results.latency.items():
         ordered = sorted(v * 1e3 for v in values)
-        late.step(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))], label=names[row])
+        shares = [(i + 1) / len(ordered) for i in range(len(ordered))]
+        late.step(ordered, shares, where="post", label=names[row], color=COLOURS[row])
     late.set_xscale("log")
-    late.set_xlabel("publish to start at idle (ms)")
-    late.set_ylabel("share of tasks")
+    late.set(xlabel="ms", ylabel="share of tasks", title="publish to start, idle worker")
     late.legend(loc="lower right", fontsize=8)
     late.grid(alpha=0.3)
-    bars = {"kombu's": "stock", "ours": "ours", "no client": "none"}
-    medians = [statistics.median(w["cpu_ms"] for w in results.idle[k]) for k in bars.values()]
-    commands = [statistics.median(w["commands"] for w in results.idle[k]) for k in bars.values()]
-    idle.bar(list(bars), medians, color=["tab:orange", "tab:blue", "tab:grey"])
-    for x, (height, per_s) in enumerate(zip(medians, commands, strict=True)):
-        idle.annotate(f"{per_s:.0f} commands/s", (x, height), ha="center", va="bottom", fontsize=8)
-    idle.set_ylabel("idle broker CPU (ms per s)")
+    rows = {"stock": "kombu's", "ours": "ours", "none": "no client"}
+    median = {k: {f: statistics.median(w[f] for w in results.idle[k]) for f in ("cpu_ms", "polls")}
+              for k in rows}  # fmt: skip
+    idle.bar(list(rows.values()), [median[k]["cpu_ms"] for k in rows],
+             color=[COLOURS[k] for k in rows])  # fmt: skip
+    for x, k in enumerate(rows):
+        note = f"{median[k]['polls']:.0f} polls/s"
+        idle.annotate(note, (x, median[k]["cpu_ms"]), ha="center", va="bottom", fontsize=8)
+    idle.set(ylabel="ms per s", title=f"broker CPU, {workers} idle workers")
     idle.grid(alpha=0.3, axis="y")
     save(fig, path)
+
+
+def _ratios(ax: Any, results: Results, key: str, title: str) -> None:
+    """Per saturated row: the median ratio ours / kombu's with its range."""
+    labels = list(results.saturated)
+    got = [results.saturated[n][key] for n in labels]
+    errors = [[r["ratio"] - r["low"] for r in got], [r["high"] - r["ratio"] for r in got]]
+    ax.bar(labels, [r["ratio"] for r in got], yerr=errors, capsize=4, color=COLOURS["ours"])
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set(ylabel="ours / kombu's", title=title)
+    ax.tick_params(axis="x", labelrotation=20, labelsize=8)
+    ax.grid(alpha=0.3, axis="y")
 
 
 def measure(plan: Plan, command: str, plot_to: Path | None) -> tuple[str, Results]:
     """Run ``plan``: the table (and the plot, when ``plot_to``)."""
     results = run(plan)
     if plot_to is not None:
-        plot(results, plot_to)
+        plot(results, plot_to, plan.idle_workers)
     return table(results, plan, RedisServer().version, command), results
 
 
