@@ -1,0 +1,60 @@
+"""What the broker transport's worker tests share: a producer app, real workers of
+``tests.integration.transport_proj`` on a broker, and what the broker still holds."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import redis
+from celery import Celery
+
+from celery_funnel.testing import CeleryWorkers
+from tests.broker_options import restore_options
+from tests.integration.transport_proj import TransportConf, make_transport_app
+
+__all__ = ["ROOT", "held", "producer", "restoring", "workers"]
+
+ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def restoring(visibility: float = 2.0, **more: Any) -> dict[str, Any]:
+    """Transport options under which an un-acked message comes back ``visibility``
+    seconds after it was taken (scanned for every second)."""
+    return {**restore_options(visibility), **more}
+
+
+@contextmanager
+def producer(conf: TransportConf) -> Iterator[Celery]:
+    app = make_transport_app(conf)
+    try:
+        yield app
+    finally:
+        app.close()
+
+
+@contextmanager
+def workers(
+    conf: TransportConf, count: int = 1, *options: str, env: dict[str, str] | None = None,
+    prefix: str = "t",
+) -> Iterator[CeleryWorkers]:  # fmt: skip
+    """``count`` real workers of ``conf``, started (``options``: more worker options)."""
+    queues = ",".join(conf.queues)
+    with CeleryWorkers(
+        "tests.integration.transport_proj", count, {**conf.env(), **(env or {})},
+        "-Q", queues, *(options or ("-c", "2")), cwd=ROOT, prefix=prefix,
+    ) as started:  # fmt: skip
+        yield started
+
+
+def held(broker_url: str, prefix: str = "") -> int:
+    """Messages the broker holds: in a queue list, or un-acked."""
+    with redis.Redis.from_url(broker_url) as client:
+        queued = sum(
+            client.llen(key) for key in client.scan_iter(f"{prefix}*")
+            if client.type(key) == b"list" and b"_celery_funnel.wake." not in key
+            and b"pidbox" not in key
+        )  # fmt: skip
+        return int(queued) + int(client.hlen(f"{prefix}unacked"))
