@@ -16,7 +16,7 @@ import os
 import random
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,9 +82,9 @@ def wait_for(client: redis.Redis, key: str, length: int, every: float = 0.002) -
         time.sleep(every)
 
 
-def fill(url: str, ours: bool, count: int, body: int, stamp: str) -> None:
-    """``count`` no-op tasks of ``body`` bytes each (the first and the last stamp),
-    published by a producer on the same transport as the worker."""
+def fill(url: str, ours: bool, queue: str, count: int, body: int, stamp: str) -> None:
+    """``count`` no-op tasks of ``body`` bytes each in ``queue`` (the first and the
+    last stamp), published by a producer on the same transport as the worker."""
     app = make_app(url, ours)
     weight = "x" * body
     with app.producer_or_acquire() as producer:
@@ -92,27 +92,34 @@ def fill(url: str, ours: bool, count: int, body: int, stamp: str) -> None:
             first_or_last = number in (0, count - 1)
             app.send_task(
                 NOOP, kwargs={"stamp": stamp if first_or_last else "", "body": weight},
-                producer=producer,
+                queue=queue, producer=producer,
             )  # fmt: skip
     app.close()
 
 
 def saturated(ours: bool, pool: str, count: int, body: int) -> dict[str, float]:
-    """One worker (``pool``, -c 4) draining ``count`` tasks queued before it started,
-    on a fresh server: tasks/s between the first and the last start, and the broker's
-    CPU and fetch per message, from before the publishes to the last start."""
+    """One worker (``pool``, -c 4), started and idle on a fresh server, told to consume
+    a queue of ``count`` tasks filled meanwhile: tasks/s between the first and the last
+    start; from the order to the last start, per message, the broker's CPU and fetch
+    and the worker's CPU (every process of it: startup is left out)."""
     with RedisServer() as server, redis.Redis.from_url(server.url) as client:
         stamp = f"stamp-{uuid.uuid4().hex[:8]}"
-        before = read(client, ours)
-        fill(server.url, ours, count, body, stamp)
-        with workers(server.url, ours, 1, "-P", pool, "-c", "4"):
+        app = make_app(server.url, ours)
+        with workers(server.url, ours, 1, "-P", pool, "-c", "4", "-Q", "idle") as group:
+            fill(server.url, ours, "drained", count, body, stamp)
+            before, cpu = read(client, ours), tree_cpu(p.pid for p in group.processes)
+            app.control.add_consumer("drained", reply=False)
+            app.control.cancel_consumer("idle", reply=False)  # after: never no queue
             wait_for(client, stamp, 2, 0.05)  # rarely: the broker's CPU is measured
             spent = read(client, ours) - before
+            worker = tree_cpu(p.pid for p in group.processes) - cpu
         first, last = (float(v) for v in client.lrange(stamp, 0, 1))
+        app.close()
     return {
         "rate": (count - 1) / (last - first),
         "cpu_us": spent.cpu / count * 1e6,
         "fetch_us": spent.fetch_usec / count,
+        "worker_us": worker / count * 1e6,
     }
 
 
@@ -173,9 +180,24 @@ def latency(samples: int, fallback_every: int) -> dict[str, list[float]]:
 
 
 def cpu_of(pid: int) -> float:
-    """CPU seconds (user + system) process ``pid`` has used, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    """CPU seconds (user + system) process ``pid`` has used, from /proc (0: gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu(pids: Iterable[int]) -> float:
+    """CPU seconds used by processes ``pids`` and every live process under them."""
+    total = 0.0
+    for pid in pids:
+        children: list[int] = []
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                children += [int(c) for c in (task / "children").read_text().split()]
+        total += cpu_of(pid) + tree_cpu(children)
+    return total
 
 
 def idle(count: int, window: float, windows: int) -> dict[str, list[dict[str, float]]]:
@@ -211,7 +233,7 @@ class Watched:
         self.at, self.broker, self.workers = 0.0, Reading(0.0, 0, 0.0, 0), 0.0
 
     def _workers_cpu(self) -> float:
-        return sum(cpu_of(p.pid) for p in self.group.processes) if self.group else 0.0
+        return tree_cpu(p.pid for p in self.group.processes) if self.group else 0.0
 
     def start(self) -> None:
         self.at = time.monotonic()
