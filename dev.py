@@ -3,6 +3,7 @@
 
     python3 dev.py demo      # a funnel demo on a private Redis (no server to install)
     python3 dev.py test      # lint, type-check and run the whole test suite
+                             # [--load: a CPU burner per core beside it, random order]
     python3 dev.py bench     # every benchmark: writes BENCHMARKS.md and bench/plots/
     python3 dev.py compat    # the Celery tests on the oldest and newest supported releases
     python3 dev.py docs      # the docs site, built strictly (a warning is an error) into site/
@@ -17,11 +18,14 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
 import sys
 import venv
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -47,6 +51,11 @@ COMPAT_TESTS = (
     "tests/integration/test_celery_task.py",
     "tests/integration/test_concurrency.py",
     "tests/integration/test_cli.py",
+    # the broker transport subclasses kombu's Redis transport, whose hooks vary by release
+    "tests/integration/test_transport_fetch.py",
+    "tests/integration/test_transport.py",
+    "tests/integration/test_transport_interop.py",
+    "tests/integration/test_transport_model.py",
 )
 
 
@@ -66,6 +75,60 @@ def sh(*args: str | Path, env: dict[str, str] | None = None) -> None:
             signal.signal(number, handler)
     if code:
         sys.exit(128 - code if code < 0 else code)
+
+
+# `test --load`: one of these per core, spinning until dev.py stops it, or ends by itself
+# as soon as dev.py is gone (killed with SIGKILL too): nothing is left running
+BURNER = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    sum(range(50_000))\n"
+
+
+@contextmanager
+def burners(count: int) -> Iterator[None]:
+    """``count`` CPU burner processes while the block runs (the load of a shared CI
+    machine); stopped when it ends, however it ends (an exception, Ctrl-C, SIGTERM)."""
+    print(f"+ {count} CPU burner processes beside the tests (--load)", flush=True)
+    before = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    # a session of their own: the terminal's Ctrl-C goes to the tests, and dev.py ends them
+    started = [
+        subprocess.Popen([sys.executable, "-c", BURNER], start_new_session=True)
+        for _ in range(count)
+    ]
+    try:
+        yield
+    finally:
+        for burner in started:
+            burner.kill()
+        for burner in started:
+            burner.wait()
+        signal.signal(signal.SIGTERM, before)
+
+
+def test(rest: list[str]) -> None:
+    """ruff, mypy --strict, then pytest with ``rest`` (none: the whole suite, the tests
+    marked exclusive alone after the rest). ``--load`` anywhere in ``rest``: a CPU
+    burner per core beside pytest, and the tests in random order (pytest-random-order;
+    the seed is printed, ``--random-order-seed=N`` repeats an order)."""
+    load = "--load" in rest
+    rest = [arg for arg in rest if arg != "--load"]
+    py = ensure("test")
+    sh(py, "-m", "ruff", "check", ".")
+    sh(py, "-m", "ruff", "format", "--check", ".")
+    sh(py, "-m", "mypy")
+    order: list[str] = []
+    if load and not any(arg.startswith("--random-order") for arg in rest):
+        # one seed for every pytest process: xdist's workers must collect one order
+        order = [f"--random-order-seed={random.randrange(1 << 20)}"]
+    if rest:
+        runs = [[*order, *rest]]
+    else:
+        # most tests wait on funnels, workers and servers, not on the CPU: they run
+        # in parallel; the few that measure what the CPU can keep up with
+        # (``exclusive``) run after, alone
+        parallel = ["-n", str(PARALLEL), "--dist", "loadfile", "-m", "not exclusive"]
+        runs = [[*order, *parallel], [*order, "-m", "exclusive"]]
+    with burners(os.cpu_count() or 1) if load else nullcontext():
+        for args in runs:
+            sh(py, "-m", "pytest", *args)
 
 
 def bin_of(root: Path) -> Path:
@@ -170,18 +233,7 @@ def docs(rest: list[str]) -> None:
 def main(argv: list[str]) -> None:
     command, rest = (argv[0], argv[1:]) if argv else ("test", [])
     if command == "test":
-        py = ensure("test")
-        sh(py, "-m", "ruff", "check", ".")
-        sh(py, "-m", "ruff", "format", "--check", ".")
-        sh(py, "-m", "mypy")
-        if rest:
-            sh(py, "-m", "pytest", *rest)
-        else:
-            # most tests wait on funnels, workers and servers, not on the CPU: they run
-            # in parallel; the few that measure what the CPU can keep up with
-            # (``exclusive``) run after, alone
-            sh(py, "-m", "pytest", "-n", str(PARALLEL), "--dist", "loadfile", "-m", "not exclusive")
-            sh(py, "-m", "pytest", "-m", "exclusive")
+        test(rest)
     elif command == "demo":
         py = ensure("demo")
         sh(py, "-m", "celery_funnel", "demo", *rest)

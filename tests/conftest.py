@@ -19,6 +19,7 @@ import redis
 
 from celery_funnel import AsyncRedisFunnel, Funnel, MemoryFunnel, RedisFunnel
 from celery_funnel.testing import RedisServer, find_redis_servers, server_name
+from tests.redis_monitor import script_keys
 from tests.servers import RedisClusterServers, redis_cli
 
 pytest_plugins = ["tests.leakcheck"]
@@ -119,6 +120,22 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_url, socket_timeout=5)
     yield client
     client.close()
+
+
+@pytest.fixture
+def declared_keys_only(request: pytest.FixtureRequest, server_pool: ServerPool) -> Iterator[None]:
+    """The test's scripts, on its standalone Redis (``backend_id``; the memory twins and
+    the cluster are not watched), touch only the keys given to them in KEYS: read from
+    what the server ran (``tests.redis_monitor.ScriptKeys``), independent of the static
+    check of the scripts' text (``tests/unit/test_lua_keys.py``)."""
+    backend = request.getfixturevalue("backend_id") if "backend_id" in request.fixturenames else ""
+    if backend in ("", "memory", "cluster") or SERVERS.get(backend) is None:
+        yield
+        return
+    with script_keys(server_pool.url(backend)) as seen:
+        yield
+    assert seen.calls, "no script ran: nothing was checked"
+    assert seen.undeclared == [], f"scripts touched keys not given in KEYS: {seen.undeclared}"
 
 
 @pytest.fixture

@@ -19,7 +19,10 @@ __all__ = ["arm"]
 
 
 def _is_copy(message: Any) -> bool:
-    headers = getattr(message, "headers", None) or {}
+    """Whether ``message`` (kombu's Message, or the payload a transport decoded) is a
+    copy the gate published again or released."""
+    raw = isinstance(message, dict)
+    headers = (message.get("headers") if raw else getattr(message, "headers", None)) or {}
     return bool((headers.get("celery_funnel") or {}).get("release"))
 
 

@@ -177,7 +177,10 @@ class SentinelServers:
 def _knows_replica(sentinel: redis.Redis, service: str) -> bool:
     """The Sentinel sees a connected, healthy replica it could promote."""
     replicas = sentinel.execute_command("SENTINEL", "REPLICAS", service)
-    return any(r.get("flags") == "slave" for r in replicas)
+    # redis-py 6+ parses each replica into a dict; redis-py 5 leaves a flat list
+    fields = [r if isinstance(r, dict) else dict(zip(r[::2], r[1::2], strict=False))
+              for r in replicas]  # fmt: skip
+    return any(f.get("flags", f.get(b"flags")) in ("slave", b"slave") for f in fields)
 
 
 def _failover(sentinel: redis.Redis, service: str) -> bool:

@@ -86,8 +86,9 @@ class WorkerGate:
         self.charges = Charges(runtime, consumer.app, self.hostname, own_charges)
         self.slot_funnels = SlotFunnels(runtime, consumer.app, self.node, self.hostname, renewal)
         # kombu's Redis transport loses a message taken off the queue as the broker dies
-        # or the worker is killed: copies published again are backed up there
-        self.parking = Parking(runtime, backups=self.transport == "redis")
+        # or the worker is killed: copies published again are backed up there (not on
+        # celery_funnel.transport, whose fetch records a message in the call that takes it)
+        self.parking = Parking(runtime, backups=self._broker == ("redis", False))
         self.copies = CopyGuard(runtime, unconfirmed_acks=self.transport == "amqp")
         self.follow = Follow(runtime)
         self.live = live_for(consumer.app)
@@ -108,10 +109,17 @@ class WorkerGate:
         )  # fmt: skip
 
     @cached_property
+    def _broker(self) -> tuple[str, bool]:
+        """The broker transport's driver ("redis", "amqp" ...), and whether it records a
+        message in the call that takes it (``celery_funnel.transport``)."""
+        with self.consumer.app.connection_for_write() as connection:  # named, not connected
+            transport = connection.transport
+            return str(transport.driver_type), bool(getattr(transport, "fetch_records", False))
+
+    @property
     def transport(self) -> str:
         """The broker transport's driver ("redis", "amqp" ...): its priority order."""
-        with self.consumer.app.connection_for_write() as connection:  # named, not connected
-            return str(connection.transport.driver_type)
+        return self._broker[0]
 
     def limits_for(self, name: str) -> tuple[Limit, ...]:
         """Every worker-wide limit whose pattern matches task ``name``."""

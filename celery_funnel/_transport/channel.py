@@ -40,6 +40,7 @@ __all__ = ["Channel", "QoS", "SentinelChannel"]
 logger = logging.getLogger("celery_funnel.transport")
 
 FETCHING, WAKING = "fetch", "wake"  # what the poll connection waits for
+CLOSE_READ_SECONDS = 2.0  # how long a closing channel waits for a fetch's reply
 
 
 class QoS(redis.QoS):
@@ -57,7 +58,7 @@ class Channel(redis.Channel):
 
     QoS = QoS
     #: the wake marker list of a queue (``%s``: the queue's name), beside kombu's keys
-    wake_key = "_celery_funnel.wake.%s"
+    wake_key = "celery_funnel:wake:%s"
     from_transport_options: tuple[str, ...] = (  # type: ignore[assignment]
         *redis.Channel.from_transport_options, "wake_key",
     )  # fmt: skip
@@ -229,6 +230,10 @@ class Channel(redis.Channel):
     def _restore_in_flight(self) -> None:
         self._polling = None
         try:
+            # a broker gone half-open never answers: the record then waits out the
+            # visibility timeout, and the worker stops now
+            if not self.client.connection.can_read(timeout=CLOSE_READ_SECONDS):
+                return
             taken = self.fetch.read(self._read(FETCHING))
         except (virtual.Empty, KombuError, *self.connection_errors):
             return  # nothing taken, or still recorded: restored after the timeout

@@ -9,7 +9,11 @@ and no write reached the file between that pop and the broker's death. Each rest
 shows in the file as a ``SELECT``: Redis selects the database again before the first
 write it propagates after it starts.
 
-Only what kombu's transport does to a queue is followed (pushes, pops and deletes of
+``celery_funnel.transport`` takes a message in one script call that writes ``unacked``
+first and then trims the message off its list (``LTRIM key 0 -2``): the file holds the
+script's effects, so that pop comes recorded (never lost at a pop).
+
+Only what the two transports do to a queue is followed (pushes, pops and deletes of
 the queue's lists, writes of ``unacked``); the file of a broker that other clients
 wrote in other ways is not read here.
 """
@@ -102,6 +106,12 @@ def _task_id(body: bytes) -> tuple[str, str]:
     return str(message.get("headers", {}).get("id", "")), tag
 
 
+def _pops(verb: bytes, args: list[bytes]) -> bool:
+    """Whether a command takes one message off a list's end: kombu's RPOP (BRPOP as the
+    file has it), or the fetch's LTRIM of the last element."""
+    return verb in (b"RPOP", b"LPOP") or (verb == b"LTRIM" and args[1:] == [b"0", b"-2"])
+
+
 def fates(commands: list[list[bytes]], queues: set[str]) -> dict[str, Fate]:
     """The fate of every task whose messages went through ``queues`` (list keys)."""
     lists: dict[bytes, deque[bytes]] = {q.encode(): deque() for q in queues}
@@ -109,6 +119,7 @@ def fates(commands: list[list[bytes]], queues: set[str]) -> dict[str, Fate]:
     restored: dict[str, int] = {}
     last_pop: dict[str, tuple[int, str]] = {}  # task id: (position, delivery tag)
     recorded: dict[str, int] = {}  # delivery tag: where it was last written to unacked
+    pushed_at: dict[str, int] = {}  # delivery tag: where it was last pushed on a queue
     for i, (name, *args) in enumerate(commands):
         verb = name.upper()
         if verb in (b"LPUSH", b"RPUSH") and args[0] in lists:
@@ -116,13 +127,16 @@ def fates(commands: list[list[bytes]], queues: set[str]) -> dict[str, Fate]:
                 (lists[args[0]].appendleft if verb == b"LPUSH" else lists[args[0]].append)(body)
                 task_id, tag = _task_id(body)
                 counts.setdefault(task_id, [0, 0, 0])[0] += 1
+                pushed_at[tag] = i
                 if tag in recorded:
                     restored[task_id] = restored.get(task_id, 0) + 1
-        elif verb in (b"RPOP", b"LPOP") and args[0] in lists and lists[args[0]]:
-            body = lists[args[0]].pop() if verb == b"RPOP" else lists[args[0]].popleft()
+        elif _pops(verb, args) and args[0] in lists and lists[args[0]]:
+            body = lists[args[0]].popleft() if verb == b"LPOP" else lists[args[0]].pop()
             task_id, tag = _task_id(body)
             counts.setdefault(task_id, [0, 0, 0])[1] += 1
             last_pop[task_id] = (i, tag)
+            if verb == b"LTRIM" and recorded.get(tag, -1) > pushed_at.get(tag, -1):
+                recorded[tag] = i  # the fetch's record, written in the same call
         elif verb == b"DEL" and args[0] in lists:
             lists[args[0]].clear()
         elif verb == b"HSET" and args[0] == b"unacked":
@@ -134,7 +148,7 @@ def fates(commands: list[list[bytes]], queues: set[str]) -> dict[str, Fate]:
     for task_id, (pushed, popped, unacked) in counts.items():
         at, tag = last_pop.get(task_id, (-1, ""))
         again = restored.get(task_id, 0)
-        if at < 0 or recorded.get(tag, -1) > at:
+        if at < 0 or recorded.get(tag, -1) >= at:  # (at: the fetch, recorded as it took)
             result[task_id] = Fate(pushed, popped, unacked, restored=again)
             continue
         died = next((r for r in restarts if r > at), len(commands))

@@ -71,8 +71,8 @@ HEADER = (
 
 
 def table(results: list[tuple[Case, list[Outcome]]]) -> str:
-    funnel = [row(c, o) for c, o in results if not c.celery_only]
-    plain = [row(c, o) for c, o in results if c.celery_only]
+    funnel = [row(c, o) for c, o in results if not c.baseline]
+    plain = [row(c, o) for c, o in results if c.baseline]
     parts = [HEADER, *funnel]
     if plain:
         parts += ["", "plain Celery (no celery-funnel), the same workloads and faults:", "",
@@ -86,7 +86,7 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the matrix and print its table; 0 when no task was lost or run twice and no
-    worker exited in the celery-funnel cases, else 1."""
+    worker exited in the celery-funnel cases and on celery_funnel.transport, else 1."""
     parser = argparse.ArgumentParser(prog="dev.py faults", description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3, help="runs of each case (default 3)")
     parser.add_argument("--load", action="store_true", help="a CPU burner per core meanwhile")
@@ -113,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"{case.name} run {run}: {outcomes[-1]}", flush=True)
     results = [(c, o) for c, o in results if o]
     print(f"\n{table(results)}\n\n{time.monotonic() - began:.0f} s; logs: {logs}", flush=True)
-    bad = any(o.lost or o.twice or o.exits for c, os_ in results if not c.celery_only for o in os_)
+    bad = any(o.lost or o.twice or o.exits for c, os_ in results if not c.baseline for o in os_)
     return 1 if bad else 0
 
 

@@ -55,6 +55,7 @@ class FaultConf:
     park: str = "auto"  # funnel_park: "auto", "true" or "false"
     heartbeat: float | None = None  # broker_heartbeat (seconds), for AMQP
     celery_only: bool = False  # no celery-funnel installed: the plain-Celery baseline
+    transport: str = "stock"  # "ours": broker_transport = celery_funnel.transport
 
     def env(self) -> dict[str, str]:
         """The environment that gives this conf to ``celery -A tests.faults.proj``."""
@@ -73,6 +74,8 @@ def make_fault_app(conf: FaultConf) -> Celery:
         options["broker_transport_options"] = restore_options(conf.visibility)
     if conf.heartbeat is not None:
         options["broker_heartbeat"] = conf.heartbeat
+    if conf.transport == "ours":
+        options["broker_transport"] = "celery_funnel.transport:Transport"
     app.conf.update(
         task_default_queue=conf.queue,
         task_ignore_result=True,

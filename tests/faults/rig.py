@@ -94,6 +94,7 @@ class Rig:
             rate=case.rate, capacity=case.capacity, plain_rate=case.plain_rate,
             visibility=case.visibility, acks_late=case.acks_late, prefetch=case.prefetch,
             heartbeat=2.0 if case.broker == "amqp" else None, celery_only=case.celery_only,
+            transport=case.transport,
         )  # fmt: skip
 
     def held(self) -> int | None:

@@ -27,6 +27,7 @@ from tests.crash import arm
 
 RUNS = "runs"
 RELEASE = "release"  # tasks run with ``hold`` end once this key exists
+BACKUPS = "backups"  # ``record_backups``: the task ids of copies backed up
 
 
 def new_app(
@@ -355,6 +356,26 @@ def record_admissions(store_url: str) -> None:
     signals.task_admitted.connect(admitted, weak=False)
 
 
+def record_backups(store_url: str) -> None:
+    """Record the task id of each copy this worker's gate backs up in the parked store
+    (``Parking.back_up``), in the list ``BACKUPS``."""
+    from celery_funnel._gate.parking import Parking
+
+    store, back_up = redis.Redis.from_url(store_url), Parking.back_up
+
+    def recorded(self: Parking, request: Any, *args: Any, **kwargs: Any) -> bool:
+        store.rpush(BACKUPS, request.id)
+        return back_up(self, request, *args, **kwargs)
+
+    Parking.back_up = recorded  # type: ignore[method-assign]
+
+
+def backups(store_url: str) -> list[str]:
+    """The task ids of every backup recorded so far (``record_backups``)."""
+    with redis.Redis.from_url(store_url) as store:
+        return [item.decode() for item in store.lrange(BACKUPS, 0, -1)]
+
+
 def admissions(store_url: str) -> list[dict[str, Any]]:
     """Every admission recorded so far (``record_admissions``)."""
     with redis.Redis.from_url(store_url) as store:
@@ -399,4 +420,6 @@ if os.environ.get("FUNNEL_TEST_BROKER"):
         skew_clock(app, float(os.environ["FUNNEL_TEST_SKEW"]))
     if os.environ.get("FUNNEL_TEST_ADMISSIONS") == "1":
         record_admissions(os.environ.get("FUNNEL_TEST_STORE") or os.environ["FUNNEL_TEST_REDIS"])
+    if os.environ.get("FUNNEL_TEST_BACKUPS") == "1":
+        record_backups(os.environ.get("FUNNEL_TEST_STORE") or os.environ["FUNNEL_TEST_REDIS"])
     arm()

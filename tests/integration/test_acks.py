@@ -31,13 +31,18 @@ def app(standalone_url: str) -> Iterator[Celery]:
     close_app(app)
 
 
-def started(app: Celery, channel: object, tag: int) -> Request:
-    """A request of ``proj.plain`` as the worker makes it, started in the pool."""
-    headers, properties, body, _ = app.amqp.as_task_v2(uuid.uuid4().hex, "proj.plain", (), {})
+def started(
+    app: Celery, channel: object, tag: int, task_id: str = "", redelivered: bool = False
+) -> Request:
+    """A request of ``proj.plain`` (task ``task_id``, default a new one) as the worker
+    makes it, started in the pool; ``redelivered``: the broker delivers it again."""
+    task_id = task_id or uuid.uuid4().hex
+    headers, properties, body, _ = app.amqp.as_task_v2(task_id, "proj.plain", (), {})
     content_type, encoding, payload = dumps(body, "json")
     message = Message(
         body=payload, delivery_tag=tag, content_type=content_type,
         content_encoding=encoding, headers=headers, properties=properties, channel=channel,
+        delivery_info={"redelivered": redelivered},
     )  # fmt: skip
     request = Request(message, app=app, task=app.tasks["proj.plain"])
     request.time_start = time.time()
@@ -65,3 +70,24 @@ def test_only_runs_not_acked_are_recorded_and_an_acked_message_is_let_go(
     assert len(guard.unacked) == not_acked
     assert guard.runs_cut() == (RUNS if unconfirmed else not_acked)
     assert guard.unacked == {}
+
+
+def test_a_run_cut_off_before_its_ack_does_not_run_again_when_delivered_again(
+    app: Celery,
+) -> None:
+    """The broker connection dies while runs' acks are outstanding: each run that
+    started is recorded (``runs_cut``), so its message, which the broker delivers again
+    (flagged redelivered), is dropped, not run a second time; a message delivered again
+    that never ran goes on."""
+    guard = CopyGuard(runtime_for(app))
+    channel = Connection("memory://").channel()
+    cut, acked = started(app, channel, 1), started(app, channel, 2)
+    for request in (cut, acked):
+        assert guard.accept(request, FRESH) is True, "the message as first sent goes on"
+        guard.watch_ack(request, FRESH)
+    acked.message.ack()
+    assert guard.runs_cut() == 1, "only the run whose ack never went through"
+    again = started(app, channel, 3, task_id=cut.id, redelivered=True)
+    assert guard.accept(again, FRESH) is False, "the cut run, delivered again: dropped"
+    fresh = started(app, channel, 5, redelivered=True)  # delivered again, never run
+    assert guard.accept(fresh, FRESH) is True

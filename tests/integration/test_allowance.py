@@ -16,12 +16,14 @@ from typing import Any
 import pytest
 import redis
 
+from celery_funnel._limiter.keys import limit_key
 from celery_funnel._limiter.rate import Rate
 from celery_funnel._limiter.strategies.allowance import units
 from celery_funnel.testing import CeleryWorkers, RedisServer, peak
 from tests.integration.conftest import ROOT
 from tests.integration.proj import close_app, make_app, runs
 from tests.polling import wait_for
+from tests.redis_monitor import FunnelLog, Write, funnel_log
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -101,12 +103,18 @@ def test_starts_stay_within_the_allowance_bound_on_four_workers(broker: RedisSer
 
 
 def test_a_funnel_under_40_a_second_is_decided_run_by_run(broker: RedisServer) -> None:
-    """20/s (k = 1): no allowance; every run has its own call, and the most starts in
-    any second is the exact funnel's (rate + capacity)."""
+    """20/s (k = 1): no allowance; every run has its own call, each decision moves the
+    funnel one unit, and the most slots in any second, on Redis's clock, is the exact
+    funnel's (rate + capacity)."""
     assert units(Rate.parse("20/s"), 1) <= 1
-    starts, calls = _run(broker.url, {"rate": "20/s", "capacity": 1}, 2, [(60, None)])
+    with funnel_log(broker.url, limit_key("funnel:", "proj.plain")) as log:
+        _, calls = _run(broker.url, {"rate": "20/s", "capacity": 1}, 2, [(60, None)])
+    writes = log.decisions()
     assert calls[0] >= 60
-    assert peak(starts, 1.0) <= 21
+    assert len(writes) >= 60, "a slot (admitted now, or booked) for every run"
+    assert _takes(log, 0.05) == [], "one unit at a time"
+    # capacity 1: a decision's slot is its TAT less one unit (admitted then, or booked)
+    assert peak([w.tat - 0.05 for w in writes], 1.0) <= 21
 
 
 def test_allowance_off_decides_every_run_alone(broker: RedisServer) -> None:
@@ -114,3 +122,26 @@ def test_allowance_off_decides_every_run_alone(broker: RedisServer) -> None:
     limit = {"rate": "200/s", "capacity": CAPACITY}
     _, calls = _run(broker.url, limit, 2, [(200, 150.0)], {"funnel_allowance": False})
     assert calls[0] >= 200
+
+
+def _takes(log: FunnelLog, unit: float) -> list[Write]:
+    """The writes of the funnel that took more than one unit at once (an allowance): a
+    run decided alone moves it one ``unit`` (``FunnelLog.steps``)."""
+    return [write for write, moved in log.steps() if moved > 1.5 * unit]
+
+
+def test_units_are_taken_only_while_the_funnel_stays_half_free(broker: RedisServer) -> None:
+    """Every allowance the workers took, read on Redis's clock from the funnel's own
+    writes (``tests.redis_monitor``): the TAT it left is at most tau / 2 (half the
+    capacity's worth, 0.1 s here) ahead of when the script ran, below the rate and at
+    once; a funnel charged until full would leave it up to tau ahead."""
+    limit = {"rate": "200/s", "capacity": CAPACITY}
+    unit, tau = RATE.period / RATE.count, CAPACITY * RATE.period / RATE.count
+    with funnel_log(broker.url, limit_key("funnel:", "proj.plain")) as log:
+        _run(broker.url, limit, 2, [(300, 150.0), (600, None)])
+    writes = log.decisions()
+    takes = _takes(log, unit)
+    ahead = max(w.tat - w.at for w in takes)
+    print(f"{len(writes)} writes, {len(takes)} allowances; the most ahead {ahead:.4f} s")
+    assert takes, "units were taken (k = 10)"
+    assert ahead <= tau / 2, f"an allowance left the funnel {ahead:.4f} s ahead (tau {tau})"

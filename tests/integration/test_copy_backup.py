@@ -8,13 +8,16 @@ that waits are published again, not parked); the worker dies in that window, as
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from functools import partial
 
 import pytest
+import redis
 
+from celery_funnel._stores.park import ParkStore
 from celery_funnel.testing import CeleryWorkers, RedisServer
-from tests.integration.proj import close_app, make_app, runs
+from tests.integration.proj import backups, close_app, make_app, runs
 from tests.integration.test_one_gate import ROOT, once_each, send
 from tests.polling import wait_for
 
@@ -22,6 +25,10 @@ pytestmark = [pytest.mark.redis, pytest.mark.slow]
 # kombu records a message it took off the queue as delivered here (a pipeline to the
 # broker's Redis): the worker dies before it, the message is in neither list
 KOMBU_RECORDS = "kombu.transport.redis:QoS.append"
+# a transport hands a message it read to Celery here: celery_funnel.transport's fetch
+# recorded it as it took it
+HANDED = "kombu.transport.virtual.base:Transport._deliver"
+OURS = json.dumps({"broker_transport": "celery_funnel.transport:Transport"})
 
 
 @pytest.fixture
@@ -34,7 +41,7 @@ def worker(broker: str, funnels: str, prefix: str, *pool: str, **env: str) -> Ce
     """One worker of ``proj``; 4 s visibility timeout, leases of 1 s."""
     base = {
         "FUNNEL_TEST_BROKER": broker, "FUNNEL_TEST_REDIS": funnels,
-        "FUNNEL_TEST_VISIBILITY": "4", "FUNNEL_TEST_PARK_LEASE": "1",
+        "FUNNEL_TEST_VISIBILITY": "4", "FUNNEL_TEST_PARK_LEASE": "1", "FUNNEL_TEST_BACKUPS": "1",
     }  # fmt: skip
     return CeleryWorkers(
         "tests.integration.proj", 1, {**base, **env}, *pool, "-Q", "proj", cwd=ROOT,
@@ -69,5 +76,71 @@ def test_a_copy_lost_on_its_way_is_published_again_and_runs_once(
             survivor.wait_ready()
             wait_for(partial(ran, funnels.url, 4), 45)
         once_each(funnels.url, "proj.slow", set(sent))
+        assert backups(funnels.url)
     finally:
         close_app(app)
+
+
+def test_with_the_transport_a_copy_needs_no_backup(
+    broker: RedisServer, funnels: RedisServer
+) -> None:
+    """The same, on ``celery_funnel.transport``: the worker dies as the first copy it
+    took reaches Celery; the fetch had recorded it, so no backup is kept in the funnels'
+    Redis, and the broker gives the copy again after its visibility timeout: every
+    task runs once."""
+    app = make_app(broker.url, funnels.url, task_ignore_result=True,
+                   broker_transport="celery_funnel.transport:Transport")  # fmt: skip
+    ours = {"FUNNEL_TEST_CONF": OURS}
+    dying = worker(
+        broker.url, funnels.url, "d", "-P", "solo",
+        FUNNEL_TEST_DIE_AT=HANDED, FUNNEL_TEST_DIE_IF="copy", **ours,
+    )  # fmt: skip
+    survivor = worker(broker.url, funnels.url, "s", "-c", "2", **ours)
+    try:
+        with dying:
+            dying.wait_ready()
+            sent = send(app, "proj.slow", 4)
+            wait_for(lambda: dying.processes[0].poll() is not None, 40)
+        with survivor:
+            survivor.wait_ready()
+            wait_for(partial(ran, funnels.url, 4), 45)
+        once_each(funnels.url, "proj.slow", set(sent))
+        assert backups(funnels.url) == []
+    finally:
+        close_app(app)
+
+
+def test_a_backup_is_claimed_for_its_copy_never_due_like_a_parked_task(
+    broker: RedisServer, funnels: RedisServer
+) -> None:
+    """4 tasks of ``proj.slow`` on one worker, nothing lost: each copy published again
+    is backed up in the parked store, claimed for that copy at once, so it is never
+    listed as due for a release (a releaser would publish it a second time) nor counted
+    as parked; sampled over the whole run, and every task runs once."""
+    app = make_app(broker.url, funnels.url, task_ignore_result=True)
+    due: set[str] = set()
+    counted: list[dict[str, int]] = []
+    backups = 0
+    try:
+        with (
+            worker(broker.url, funnels.url, "b", "-c", "2") as one,
+            redis.Redis.from_url(funnels.url) as client,
+        ):
+            one.wait_ready()
+            store = ParkStore(client, "funnel:")
+            sent = send(app, "proj.slow", 4)
+
+            def sampled() -> bool:
+                nonlocal backups
+                backups = max(backups, store.count())
+                due.update(p.task_id for p in store.entries())
+                counted.extend([store.counts()] if store.counts() else [])
+                return ran(funnels.url, 4)
+
+            wait_for(sampled, 60)
+        once_each(funnels.url, "proj.slow", set(sent))
+    finally:
+        close_app(app)
+    assert backups >= 1, "the copies published again were backed up"
+    assert due == set(), "a backup waits claimed for its copy, not due for a release"
+    assert counted == [], "nor is it counted as parked"

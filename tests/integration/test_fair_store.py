@@ -23,7 +23,8 @@ from celery_funnel._stores.fair import FairStore, fair_status
 from celery_funnel._stores.park import ParkStore
 from tests.polling import wait_for
 
-pytestmark = pytest.mark.redis
+# every script touches only the keys it is given (read from what Redis ran)
+pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("declared_keys_only")]
 ONE_REDIS = True
 
 ROOT = str(Path(__file__).resolve().parents[2])

@@ -16,7 +16,8 @@ from celery_funnel._stores.park import ParkStore
 from celery_funnel._stores.store import text
 from tests.polling import wait_for
 
-pytestmark = pytest.mark.redis
+# every script touches only the keys it is given (read from what Redis ran)
+pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("declared_keys_only")]
 ONE_REDIS = True  # the scripts' behaviour does not depend on the server's version
 
 
@@ -184,3 +185,41 @@ def test_a_held_waiter_whose_worker_stopped_looking_leaves_the_queue(
     assert store.waiting(one[0].key) == 1  # live only: dead dropped, gone given up
     fields = {text(f) for f in redis_client.hkeys(lease_keys(one[0].key)[1])}
     assert fields == {"live", "held:live"}
+
+
+def test_a_seat_a_held_waiter_gives_back_goes_on_to_the_next_waiter(
+    redis_client: redis.Redis, prefix: str
+) -> None:
+    """A held waiter of two funnels is handed a freed seat in one, looks again, and is
+    refused by the other: it gives the seat back (it keeps none while it waits) and the
+    seat goes on at once to the next waiter of that funnel, held (told on its worker's
+    channel) or parked (returned, to be published). Without that the seat stays empty
+    until some later call happens to promote waiters."""
+    store = LeaseStore(redis_client, prefix, 30.0)
+    shared, other = slot_funnel(prefix, 1, "shared"), slot_funnel(prefix, 1, "other")
+    held = HeldWaiter(f"{prefix}{{~handed}}#w1", 5.0)
+    for kind in ("held", "parked"):
+        running, _ = store.acquire([shared], f"run-{kind}", "w0")
+        blocking, _ = store.acquire([other], f"block-{kind}", "w0")
+        assert running is not None
+        assert blocking is not None
+        assert store.acquire([shared, other], f"both-{kind}", "w1", held=held)[0] is None
+        if kind == "held":
+            assert store.acquire([shared], "next-held", "w2", held=held)[0] is None
+        else:
+            assert store.enqueue([shared], "next-parked") == []
+        # the run ends: its seat in "shared" goes to the first waiter, held: told
+        assert store.release([shared], f"run-{kind}", running.token) == (1, [])
+        assert [h.task_id for h in store.holders(shared.key)] == [f"both-{kind}"]
+        # it looks again: "other" is full, so it gives the seat back, to the next one
+        taken, handed = store.acquire([shared, other], f"both-{kind}", "w1", held=held)
+        assert taken is None
+        assert [h.task_id for h in store.holders(shared.key)] == [f"next-{kind}"]
+        assert handed == ([] if kind == "held" else [(shared, "next-parked")])
+        # clean up for the next kind: the seat's taker runs and ends, the block ends
+        nxt, _ = store.acquire([shared], f"next-{kind}", "w2", held=held)
+        assert nxt is not None
+        store.release([shared], f"next-{kind}", nxt.token)
+        store.release([other], f"block-{kind}", blocking.token)
+        store.release([shared, other], f"both-{kind}", "")  # the waiter gives up
+        assert store.holders(shared.key) == []

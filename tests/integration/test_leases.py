@@ -295,9 +295,9 @@ def short_leases(server: RedisServer) -> Iterator[Cluster]:
 
 def test_sigkill_of_a_worker_holding_slots(short_leases: Cluster) -> None:
     """funnel_concurrency=3, 12 tasks of 1 s; the first worker is SIGKILLed (with its
-    pool) while it holds slots, once every task is off the broker: they return within
-    the TTL plus one renewal interval, every task completes, and never more than 3 run
-    at once."""
+    pool) while it holds slots, once every task is off the broker: their leases end at
+    most the TTL after the kill (on Redis's clock), the other worker frees them, every
+    task completes, and never more than 3 run at once."""
     cluster = short_leases
     cluster.clear()
     sent = [cluster.app.send_task("leases.three", (1.0,)).id for _ in range(12)]
@@ -311,13 +311,20 @@ def test_sigkill_of_a_worker_holding_slots(short_leases: Cluster) -> None:
     # the broker, before any of our code sees it (celery/celery#7950)
     wait_for(lambda: all(f"[{task_id}] received" in cluster.workers.logs() for task_id in sent), 20)
     os.killpg(cluster.workers.processes[0].pid, signal.SIGKILL)  # the worker and its pool
-    killed = time.time()
-    wait_for(lambda: not dying(), 20)
+    killed = time.time()  # this machine's clock: Redis's too
+    held = dying()  # nothing renews them now: their leases end where they stand
+    wait_for(lambda: not dying(), 60)  # a hang, not a speed: swept by the other worker
     returned = time.time() - killed
-    wait_for(lambda: ended_ids(cluster) >= set(sent), 60)
+    wait_for(lambda: ended_ids(cluster) >= set(sent), 120)
     most = running_peak(cluster, died_at=killed)
-    print(f"\nSIGKILL with leases of {TTL} s: slots back after {returned:.2f} s, peak {most}")
-    assert returned <= TTL + TTL / 3 + 0.5  # the TTL, one renewal, the sweep's call
+    ends = [h.expires - killed for h in held]
+    print(
+        f"\nSIGKILL with leases of {TTL} s: leases ended {max(ends, default=0.0):.2f} s after"
+        f" the kill, slots back after {returned:.2f} s, peak {most}"
+    )
+    assert held, "the killed worker held slots"
+    # a lease lasts TTL from its last renewal, on Redis's clock: freed by then at most
+    assert max(ends) <= TTL, ends
     assert most <= 3
 
 

@@ -24,7 +24,8 @@ from celery_funnel.testing import RedisServer
 from tests.integration.proj import close_app, make_app, runs
 from tests.polling import wait_for
 
-pytestmark = pytest.mark.redis
+# every script touches only the keys it is given (read from what Redis ran)
+pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("declared_keys_only")]
 ONE_REDIS = True  # one Redis version is enough here (tests/conftest.py)
 
 
@@ -107,15 +108,41 @@ def test_a_backup_is_claimed_for_its_copy_and_published_again_only_if_that_is_lo
     assert store.count() == 0
 
 
-def test_each_claim_again_lasts_twice_as_long(store: ParkStore) -> None:
-    store.park("a", 0.0, message(), "")
-    store.claim(0.0, 0.1, 10, 3600.0)
-    time.sleep(0.11)
-    assert len(store.claim(0.0, 0.1, 10, 3600.0)[2]) == 1, "the first lease ran out"
-    time.sleep(0.11)
-    assert store.claim(0.0, 0.1, 10, 3600.0)[2] == [], "the second lasts 0.2 s"
-    time.sleep(0.1)
-    assert len(store.claim(0.0, 0.1, 10, 3600.0)[2]) == 1
+def _server_us(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1_000_000 + int(micros)
+
+
+def test_each_claim_again_lasts_twice_as_long_up_to_sixteen_times_the_lease(
+    store: ParkStore, redis_client: redis.Redis
+) -> None:
+    """Each claim of an entry no copy was accepted for lasts twice the one before, at
+    most 16 times the lease. Read on Redis's clock, not by sleeping: the claim's end in
+    the leases set, against the server's time just before and after the claim, so a
+    slow machine widens the window but cannot fail it; a lease 32 times as long falls
+    outside it unless one claim's round trip takes 16 leases (0.8 s)."""
+    lease = 0.05
+    ends: list[float] = []
+    for times in (1, 2, 4, 8, 16, 16, 16):
+        if times == 1:
+            store.park("a", 0.0, message(), "")
+        before: list[int] = []
+
+        def claimed(into: list[int] = before) -> bool:
+            into[:] = [_server_us(redis_client)]
+            return len(store.claim(0.0, lease, 10, 3600.0)[2]) == 1
+
+        wait_for(claimed, 10)  # the lease before ran out (the first: due at once)
+        after = _server_us(redis_client)
+        end = redis_client.zscore(store.keys.leases, "a")
+        assert end is not None
+        lasts = (end - after) / 1e6, (end - before[0]) / 1e6
+        ends.append(end / 1e6)
+        assert lasts[0] <= lease * times <= lasts[1], (
+            f"claim {len(ends)} lasts between {lasts[0]:.3f} and {lasts[1]:.3f} s on"
+            f" Redis's clock, not {times} x {lease} s"
+        )
+    assert store.count() == 1, "kept until a copy is accepted"
 
 
 def test_a_release_accepted_before_its_lease_lapsed_is_not_published_again(

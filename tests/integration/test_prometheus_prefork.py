@@ -60,6 +60,14 @@ def test_gauges_are_true_under_prefork(
                 "a pool process left its zeros for the gauges"
             )
             assert read(tmp_path, "celery_funnel_backend_up") == 1.0
+            # a pool process sees the funnels' Redis fail (its own call): the gauge is
+            # the main process's, which saw no outage (a pool process that set it would
+            # leave its 0 as the most recent value, for good)
+            failed_in = app.send_task("metrics.pool_backend_error", queue=queue).get(timeout=60)
+            assert failed_in != main, "reported in a pool process"
+            errors = read(tmp_path, "celery_funnel_backend_errors_total")
+            assert (errors or 0) >= 1, "the pool process counted the error"
+            assert read(tmp_path, "celery_funnel_backend_up") == 1.0, "a pool's error: still 1"
             # parked: 1 per 2 s, waits from 2 to 8 s, each over funnel_park_after
             slow = [app.tasks["proj.slow"].delay(n) for n in range(5)]
             wait_for(lambda: (read(tmp_path, "celery_funnel_parked", funnel="proj.slow") or 0) >= 2)

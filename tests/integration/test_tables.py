@@ -9,6 +9,9 @@ from celery_funnel._limiter.strategies.reservation import Shape
 from celery_funnel._limiter.strategies.settle import Settle
 from tests.tables import T0, TABLES, answer_row, play, rows
 
+# every script touches only the keys it is given (read from what Redis ran)
+pytestmark = pytest.mark.usefixtures("declared_keys_only")
+
 
 @pytest.mark.parametrize("table", list(TABLES))
 def test_table(funnel: Funnel, key: str, table: str) -> None:

@@ -17,7 +17,7 @@ import redis
 
 from celery_funnel.testing import RedisServer
 from tests.integration.transport_proj import TransportConf, counts
-from tests.integration.transport_rig import ROOT, held, producer, restoring, workers
+from tests.integration.transport_rig import ROOT, held, producer, restoring, visible, workers
 from tests.polling import wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -78,6 +78,7 @@ def test_a_worker_killed_right_after_the_fetch_loses_nothing(
             task = app.send_task("transport.record", (1,)).id
             wait_for(lambda: all(p.poll() is not None for p in dying.processes), 60)
         assert counts(store) == {}
+        visible(broker.url, 2)
         with workers(conf, 1, prefix="after"):
             wait_for(lambda: counts(store) or held(broker.url) == 0, 60)
             wait_for(lambda: held(broker.url) == 0, 60)
@@ -128,6 +129,7 @@ def test_global_keyprefix(broker: RedisServer, store: str) -> None:
             wait_for(lambda: all(p.poll() is not None for p in dying.processes), 60)
         with redis.Redis.from_url(broker.url) as client:
             assert client.hlen("pfx:unacked") == 1
+        visible(broker.url, 2, "pfx:")
         with workers(conf, 2, prefix="after"):
             ids = [first] + [app.send_task("transport.record", (n,)).id for n in range(1, 30)]
             all_ran_once(store, ids)

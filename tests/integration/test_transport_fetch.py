@@ -196,7 +196,9 @@ def test_the_order_is_kombus(server: RedisServer, client: redis.Redis) -> None:
             seen.append((taken.payload["properties"]["priority"], taken.queue))
     # kombu's steps [0, 3, 6, 9]: priority 5 goes to step 3; queues alternate after every take
     assert [p for p, _ in seen] == [0, 0, 0, 0, 5, 5, 9, 9]
-    assert [q for _, q in seen] == ["a", "b", "a", "b", "a", "b", "a", "b"]
+    queues = [q for _, q in seen]  # in turn, from where kombu's cycle starts
+    assert queues == [queues[0], queues[1]] * 4
+    assert set(queues) == {"a", "b"}
 
 
 def test_a_reply_in_flight_at_close_is_restored(server: RedisServer, client: redis.Redis) -> None:

@@ -14,7 +14,7 @@ import redis
 from celery_funnel._transport.fetch import FETCH
 from celery_funnel.testing import RedisServer
 from tests.integration.transport_proj import TransportConf, counts, runs
-from tests.integration.transport_rig import held, producer, restoring, workers
+from tests.integration.transport_rig import held, producer, restoring, visible, workers
 from tests.polling import wait_for
 from tests.servers import SentinelServers
 
@@ -60,10 +60,13 @@ def test_the_order_is_kombus(broker: RedisServer, store: str) -> None:
     the same run."""
     stock = order_taken(broker, store, ours=False)
     ours = order_taken(broker, store, ours=True)
-    assert ours == stock
-    assert [n for _, n in ours] == [1, 1, 3, 3, 2, 2, 4, 4, 0, 0]
-    assert [q for q, _ in ours][:2] in (["a", "b"], ["b", "a"])
-    assert all(ours[k][0] != ours[k + 1][0] for k in range(0, 10, 2))
+    for taken in (stock, ours):
+        assert [n for _, n in taken] == [1, 1, 3, 3, 2, 2, 4, 4, 0, 0]
+        queues = [q for q, _ in taken]  # in turn, from where the cycle starts
+        assert queues == [queues[0], queues[1]] * 5
+    # where the cycle starts is the consumer's (kombu 5.7: the same for both; 5.3 may
+    # start the other way round)
+    assert ours in (stock, [({"a": "b", "b": "a"}[q], n) for q, n in stock])
 
 
 def test_a_stock_producer_reaches_our_workers(broker: RedisServer, store: str) -> None:
@@ -111,6 +114,7 @@ def test_a_rollback_to_kombus_transport_restores_what_ours_left(
             for process in killed.processes:
                 process.kill()
         assert counts(store) == {}
+        visible(broker.url, 5)
         with workers(stock, 1, "-c", "2", prefix="stock"):
             ran_once(store, ids[1:])
             wait_for(lambda: set(counts(store)) == set(ids), 90)
@@ -126,6 +130,11 @@ def sentinel() -> Iterator[SentinelServers]:
         servers.stop()
 
 
+@pytest.mark.skipif(
+    redis.VERSION < (5, 0, 1),
+    reason="redis-py 5.0.0's Sentinel connections cannot read pub/sub (push_request): "
+    "kombu's own transport fails the same",
+)
 def test_sentinel(sentinel: SentinelServers, store: str) -> None:
     """``sentinel://`` with the Sentinel transport: tasks run once, recorded on the
     master the Sentinel names."""

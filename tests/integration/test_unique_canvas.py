@@ -9,13 +9,17 @@ meanwhile find the key held by a run, whatever the machine's load."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import redis
 from celery import Celery, chain, chord, group, states
 
-from tests.integration.proj import RELEASE, runs
+from celery_funnel._config.options import unique_of
+from celery_funnel._config.runtime import runtime_for
+from celery_funnel._gate.follow import Follow, Next, unique_funnel
+from tests.integration.proj import RELEASE, close_app, make_app, runs
 from tests.polling import wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -132,3 +136,35 @@ def test_a_send_with_a_link_that_collides_with_a_holder_runs_its_callback(
     assert holder.get(timeout=30) == 1
     assert [r["args"] for r in ran(standalone_url, "proj.collect")] == [[1]]
     assert bodies(standalone_url) == {"a": [holder.id]}, "the key's body ran once"
+
+
+def test_a_follower_that_holds_the_key_itself_goes_on(standalone_url: str) -> None:
+    """The gate's check of a follower (``Follow.step``) on a real Redis, each pass as
+    the key's holder stands: held by the task followed, it waits; once that task let
+    the key go without an outcome, the follower takes the key and runs its own body;
+    holding the key itself (its next pass, after a wait for a rate or a seat, or its
+    message delivered again), it goes on at once, not after its own claim runs out
+    (``funnel_unique_ttl``); taken by a third run after the one followed stored its
+    outcome, it completes with that outcome."""
+    app = make_app(standalone_url, standalone_url)
+    try:
+        task = app.tasks[NAME]
+        spec = unique_of(task)
+        assert spec is not None
+        funnel = unique_funnel(task, spec, ("k",), {})
+        follow, unique = Follow(runtime_for(app)), runtime_for(app).unique
+        request = SimpleNamespace(task=task, args=("k",), kwargs={}, id="follower")
+        assert unique.claim(funnel, "followed", spec.ttl)[0]
+        assert follow.step(request, "followed") is Next.WAIT, "the one followed holds it"
+        assert unique.free(funnel, "followed")  # ended without an outcome (never stored)
+        assert follow.step(request, "followed") is Next.OWN, "it takes the key"
+        held = unique.holder(funnel)
+        assert held is not None
+        assert held[0] == "follower"
+        assert follow.step(request, "followed") is Next.OWN, "its own key: it goes on"
+        assert unique.free(funnel, "follower")
+        task.backend.mark_as_done("followed", 7)  # the one followed stored an outcome
+        assert unique.claim(funnel, "third", spec.ttl)[0]
+        assert follow.step(request, "followed") is Next.COMPLETE
+    finally:
+        close_app(app)

@@ -43,19 +43,29 @@ class Site:
 
     def why(self, task_id: str, *more: str) -> subprocess.CompletedProcess[str]:
         """``celery -A tests.integration.proj funnel why TASK_ID ...``, as a user runs it."""
-        return subprocess.run(
-            [sys.executable, "-m", "celery", "-A", "tests.integration.proj", "funnel", "why",
-             task_id, "--timeout", "1", *more],
-            capture_output=True, text=True, timeout=60, cwd=ROOT, check=False,
-            env={**self.env, "PATH": "/usr/bin:/bin"},
-        )  # fmt: skip
+        return why(self.env, task_id, *more)
 
     def answer(self, task_id: str, *more: str) -> dict[str, Any]:
         """``why --json``'s object (the command must succeed)."""
-        done = self.why(task_id, "--json", *more)
-        assert done.returncode == 0, (done.stdout, done.stderr)
-        found: dict[str, Any] = json.loads(done.stdout)
-        return found
+        return answer(self.env, task_id, *more)
+
+
+def why(env: dict[str, str], task_id: str, *more: str) -> subprocess.CompletedProcess[str]:
+    """``celery -A tests.integration.proj funnel why TASK_ID ...`` run with ``env``."""
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.integration.proj", "funnel", "why",
+         task_id, "--timeout", "1", *more],
+        capture_output=True, text=True, timeout=60, cwd=ROOT, check=False,
+        env={**env, "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+
+
+def answer(env: dict[str, str], task_id: str, *more: str) -> dict[str, Any]:
+    """``why --json``'s object (the command must succeed)."""
+    done = why(env, task_id, "--json", *more)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    found: dict[str, Any] = json.loads(done.stdout)
+    return found
 
 
 def site(broker_url: str, funnel_url: str, **env: str) -> Generator[Site, None, None]:
@@ -216,3 +226,31 @@ def test_why_tells_a_republished_task(
         assert answer["deferrals"] >= 1, answer
         assert {s["state"] for s in seen} <= {"held", "republished"}, seen
         assert "(republished)" in republishing.workers.logs()
+
+
+def test_why_with_task_and_key_never_says_the_holder_collapsed_into_itself(
+    standalone_url: str,
+) -> None:
+    """``why --task --key`` finds what a send collapsed into from the key's holder: asked
+    of the holder itself (sent, its claim taken in the producer, not yet taken by any
+    worker: nothing else knows it), the answer is not "collapsed into" itself; asked of
+    a send that did collapse, it names the holder."""
+    queue = f"why-{time.time_ns()}"  # no worker consumes it: the holder stays queued
+    env = {
+        "FUNNEL_TEST_BROKER": standalone_url, "FUNNEL_TEST_REDIS": standalone_url,
+        "FUNNEL_TEST_QUEUE": queue,
+    }  # fmt: skip
+    app = make_app(standalone_url, standalone_url, queue=queue)
+    try:
+        holder = app.tasks["proj.unique_held"].delay("solo")
+        again = app.tasks["proj.unique_held"].apply_async(("solo",), task_id="again-1")
+        assert again.id == holder.id, "the second send collapsed in the producer"
+        asked = ("--task", "proj.unique_held", "--key", "solo")
+        done = why(env, holder.id, "--json", *asked)  # unknown: exit status 1
+        found = json.loads(done.stdout)
+        assert found["state"] != "collapsed", found
+        assert found.get("holder") is None, found
+        found = answer(env, "again-1", *asked)
+        assert (found["state"], found["holder"]) == ("collapsed", holder.id), found
+    finally:
+        close_app(app)

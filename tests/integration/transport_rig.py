@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,8 +15,9 @@ from celery import Celery
 from celery_funnel.testing import CeleryWorkers
 from tests.broker_options import restore_options
 from tests.integration.transport_proj import TransportConf, make_transport_app
+from tests.polling import wait_for
 
-__all__ = ["ROOT", "held", "producer", "restoring", "workers"]
+__all__ = ["ROOT", "held", "producer", "restoring", "visible", "workers"]
 
 ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -49,12 +51,23 @@ def workers(
         yield started
 
 
+def visible(broker_url: str, visibility: float, prefix: str = "") -> None:
+    """Wait until every un-acked record is older than ``visibility`` seconds: a worker
+    started now restores them at once (kombu before 5.4 scans at a worker's start, then
+    only every 100 s; later releases every second under ``restoring``)."""
+    with redis.Redis.from_url(broker_url) as client:
+        scores = [score for _, score in client.zrange(f"{prefix}unacked_index", 0, -1,
+                                                       withscores=True)]  # fmt: skip
+    if scores:
+        wait_for(lambda: time.time() - max(scores) > visibility + 0.5, visibility + 30)
+
+
 def held(broker_url: str, prefix: str = "") -> int:
     """Messages the broker holds: in a queue list, or un-acked."""
     with redis.Redis.from_url(broker_url) as client:
         queued = sum(
             client.llen(key) for key in client.scan_iter(f"{prefix}*")
-            if client.type(key) == b"list" and b"_celery_funnel.wake." not in key
+            if client.type(key) == b"list" and b"celery_funnel:wake:" not in key
             and b"pidbox" not in key
         )  # fmt: skip
         return int(queued) + int(client.hlen(f"{prefix}unacked"))

@@ -95,3 +95,31 @@ def test_a_publish_that_fails_keeps_the_original_and_tries_again() -> None:
         assert [p.task_id for p in fakes.publisher.published] == [second.id]
         assert fakes.journal[-2:] == [("publish", second.id), ("ack", second.id)]
         assert fakes.ran == [first]
+
+
+@pytest.mark.parametrize(
+    ("broker", "urgent", "lax"),
+    [("redis://127.0.0.1:1/0", 0, 9), ("amqp://guest@127.0.0.1:1//", 9, 0)],
+    ids=["redis: 0 first", "amqp: 9 first"],
+)
+def test_a_more_urgent_request_takes_the_earlier_slot_in_its_brokers_order(
+    broker: str, urgent: int, lax: int
+) -> None:
+    """The gate ranks a request's priority in the order of the app's broker transport
+    (kombu's Redis transport serves 0 first, AMQP the larger number): of two requests
+    refused one after the other, the more urgent one, sent second, takes the slot the
+    first booked, and that one books anew behind it."""
+    with Fakes(PER_SECOND, {"broker_url": broker}) as fakes:
+        gate = fakes.gate()
+        first, lax_one, urgent_one = fakes.request(), fakes.request(), fakes.request()
+        lax_one.delivery_info["priority"] = lax
+        urgent_one.delivery_info["priority"] = urgent
+        for request in (first, lax_one, urgent_one):
+            gate(request)
+        assert fakes.ran == [first]
+        fakes.advance(1.0)
+        fakes.timer.fire()
+        assert fakes.ran == [first, urgent_one], "the urgent one runs on the first slot"
+        fakes.advance(1.0)
+        fakes.timer.fire()
+        assert fakes.ran == [first, urgent_one, lax_one]

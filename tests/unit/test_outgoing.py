@@ -24,9 +24,10 @@ from celery_funnel._gate.state import HEADER, SEND
 GATE_HEADER = {"deferrals": 2, "booked": True, "release": "t1", "promised": {"k": 1}}
 
 
-def make_app(installed: bool = True) -> Celery:
+def make_app(installed: bool = True, limits: dict[str, Any] | None = None) -> Celery:
     app = Celery("outgoing", broker="memory://", set_as_current=False)
     app.conf.update(funnel_redis_url="redis://localhost:1", task_ignore_result=True)
+    app.conf.funnel_limits = limits or {}
     if installed:
         install(app)
 
@@ -93,6 +94,26 @@ def test_a_retry_keeps_only_the_release_token_of_a_task_a_gate_may_park(
     assert published[0]["id"] == task_id
     assert published[0][HEADER] == {"release": "t1"}
     assert [HEADER in m for m in published[1:]] == [False, False]
+
+
+@pytest.mark.parametrize(
+    "entry", ["5/s", {"concurrency": 2}], ids=["worker-wide rate", "worker-wide concurrency"]
+)
+def test_a_retry_of_a_task_only_a_worker_wide_entry_covers_keeps_its_release_token(
+    entry: Any, published: list[dict[str, Any]]
+) -> None:
+    """``o.plain`` has no funnel of its own: a ``funnel_limits`` entry is what lets a
+    gate park it, so its retry keeps the release token (without it the retry would be
+    dropped as stale when parked); an entry for another pattern does not."""
+    app = make_app(limits={"o.pla*": entry, "other.*": entry})
+    with running(app.tasks["o.plain"]) as task_id, pytest.raises(Retry):
+        app.tasks["o.plain"].retry(countdown=0)
+    elsewhere = make_app(limits={"other.*": entry})
+    with running(elsewhere.tasks["o.plain"]), pytest.raises(Retry):
+        elsewhere.tasks["o.plain"].retry(countdown=0)
+    assert published[0]["id"] == task_id
+    assert published[0].get(HEADER) == {"release": "t1"}
+    assert HEADER not in published[1], "no entry covers it: no gate parks it"
 
 
 def test_the_gate_and_senders_outside_runs_keep_their_header(

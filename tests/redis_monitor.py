@@ -1,0 +1,217 @@
+"""What Redis's scripts do, as the server ran it (``MONITOR``): the funnel's own
+decisions on Redis's clock (``FunnelLog``), for tests that must not depend on how fast
+a loaded machine runs the workers; and every key a script touched against the keys it
+was given (``ScriptKeys``).
+
+A GCRA funnel is one string, its TAT (theoretical arrival time, µs): every run admitted
+or slot booked moves it one increment (``T x cost``) later, in a script that reads the
+server's ``TIME``. ``MONITOR`` shows each command a script runs, stamped with the
+server's clock as it runs: so each ``SET`` of the TAT is one decision, in the order the
+scripts ran, at (a few µs after) the ``now`` the script decided at. The times a worker
+or a task sees (a start, a signal) add the machine's delays; these do not.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import redis
+
+from tests.polling import wait_for
+
+US = 1_000_000
+
+
+@dataclass(frozen=True)
+class Write:
+    """One ``SET`` of a funnel's TAT by a script: when Redis ran it (epoch seconds,
+    Redis's clock), the key, the TAT written (epoch seconds), and the connection whose
+    script wrote it (one worker's: a worker's connections are its own)."""
+
+    at: float
+    key: str
+    tat: float
+    caller: str = ""
+
+
+class Monitor:
+    """A thread reading ``MONITOR`` on the Redis at ``url``; each command it sees goes to
+    ``note`` (Redis's time; its connection, "host:port", or "lua" for a script's call;
+    its words)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._client = redis.Redis.from_url(url)
+        self._stop = threading.Event()
+        self._marks: set[str] = set()
+        self._count = itertools.count()
+        self._thread = threading.Thread(target=self._read, name="funnel-log", daemon=True)
+        self.error: BaseException | None = None
+
+    def _read(self) -> None:
+        try:
+            with self._client.monitor() as monitor:
+                while not self._stop.is_set():  # stop() sends a command to end the wait
+                    seen = monitor.next_command()
+                    # redis-py joins the words (unquoted) with spaces
+                    words = seen["command"].split(" ")
+                    if words[:1] == ["ECHO"] and len(words) == 2:
+                        self._marks.add(words[1])
+                    lua = seen.get("client_type") == "lua"
+                    client = (
+                        "lua" if lua else f"{seen.get('client_address')}:{seen.get('client_port')}"
+                    )
+                    self.note(seen["time"], client, words)
+        except BaseException as error:  # reported by the test that reads the log
+            if not self._stop.is_set():
+                self.error = error
+
+    def note(self, at: float, client: str, words: list[str]) -> None:
+        """One command seen."""
+
+    def start(self) -> None:
+        """Start monitoring; returns once the monitor sees commands."""
+        self._thread.start()
+        self.sync(again=True)  # the first marks may come before MONITOR is on
+
+    def sync(self, timeout: float = 60.0, again: bool = False) -> None:
+        """Return once every command Redis ran before this call is in the log (a mark
+        sent now came through the monitor); ``again``: send marks until one does."""
+        marks = (f"funnel-log-{id(self)}-{n}" for n in self._count)
+        with redis.Redis.from_url(self.url) as probe:
+            mark = next(marks)
+            probe.echo(mark)
+
+            def seen() -> bool:
+                nonlocal mark
+                if mark in self._marks or self.error is not None:
+                    return True
+                if again:
+                    mark = next(marks)
+                    probe.echo(mark)
+                return False
+
+            wait_for(seen, timeout)
+        self.check()
+
+    def stop(self) -> None:
+        if self._thread.is_alive() and self.error is None:
+            self.sync()
+        self._stop.set()
+        with redis.Redis.from_url(self.url) as probe:  # the reader waits for a command
+            probe.echo("funnel-log-stop")
+        self._thread.join(10)
+        self._client.close()
+
+    def check(self) -> None:
+        """Fail if the monitor stopped before it was told to."""
+        assert self.error is None, f"MONITOR failed: {self.error!r}"
+
+
+class FunnelLog(Monitor):
+    """The writes seen so far (``writes``) of the funnel keys starting with
+    ``prefix``."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        super().__init__(url)
+        self.prefix = prefix
+        self.writes: list[Write] = []
+        self._caller = ""
+
+    def note(self, at: float, client: str, words: list[str]) -> None:
+        if client != "lua":
+            self._caller = client  # a script's calls come right after it (Redis 6.2, 7)
+        elif words[:1] == ["SET"] and len(words) >= 3 and words[1].startswith(self.prefix):
+            self.writes.append(Write(at, words[1], int(words[2]) / US, self._caller))
+
+    def steps(self, key: str | None = None) -> list[tuple[Write, float]]:
+        """Each write of ``key`` (None: the only key written) with how far it moved the
+        TAT: from the later of the TAT before and the time it ran (a run admitted moves
+        it one increment, T x cost, from its ``now``; a booking, from the TAT before)."""
+        writes = self.decisions(key)
+        assert len({w.key for w in writes}) <= 1, {w.key for w in writes}
+        moved, before = [], 0.0
+        for write in writes:
+            moved.append((write, write.tat - max(before, write.at)))
+            before = write.tat
+        return moved
+
+    def decisions(self, key: str | None = None) -> list[Write]:
+        """The writes of ``key`` (None: of every key under the prefix), in order."""
+        self.check()
+        return [w for w in self.writes if key is None or w.key == key]
+
+
+@contextmanager
+def funnel_log(url: str, prefix: str) -> Iterator[FunnelLog]:
+    """A ``FunnelLog`` of the funnel keys starting with ``prefix`` on the Redis at
+    ``url``, monitoring while the block runs."""
+    log = FunnelLog(url, prefix)
+    log.start()
+    try:
+        yield log
+    finally:
+        log.stop()
+
+
+# a script's calls whose every argument is a key, and those with none; any other
+# command's key is its first argument
+ALL_KEYS = {"DEL", "UNLINK", "EXISTS", "MGET", "TOUCH"}
+NO_KEY = {"TIME", "PUBLISH", "ECHO", "PING"}
+
+
+class ScriptKeys(Monitor):
+    """Every key a script's call touched that the script was not given in KEYS
+    (``undeclared``): what Dragonfly, ElastiCache Serverless and a Redis Cluster refuse.
+    Independent of the scripts' text: it reads what ran. A call is the script's that
+    the server reported just before it (``order`` finds whether the calls are reported
+    after their script, as Redis 7 does, or before)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.declared: set[str] | None = None
+        self.calls = 0
+        self.undeclared: list[tuple[str, str]] = []  # (the call, its key)
+
+    def note(self, at: float, client: str, words: list[str]) -> None:
+        command = words[0].upper() if words else ""
+        if client != "lua":
+            if command == "EVALSHA" and len(words) >= 3:
+                count = int(words[2])
+                self.declared = set(words[3 : 3 + count])
+                self.calls += 1
+            elif command == "EVAL":  # its text has spaces: its keys cannot be read here
+                self.declared = None
+            return
+        if command in NO_KEY:
+            return
+        keys = words[1:] if command in ALL_KEYS else words[1:2]
+        for key in keys:
+            if self.declared is None or key not in self.declared:
+                self.undeclared.append((" ".join(words[:3]), key))
+
+
+@contextmanager
+def script_keys(url: str) -> Iterator[ScriptKeys]:
+    """A ``ScriptKeys`` of the Redis at ``url`` while the block runs; first checked on
+    a script given its key and one that touches a key it was not given (so a server
+    that reports a script's calls in another order fails here, not silently)."""
+    seen = ScriptKeys(url)
+    seen.start()
+    try:
+        with redis.Redis.from_url(url) as client:  # EVALSHA, as the package's calls
+            client.register_script("return redis.call('EXISTS', KEYS[1])")(["script-keys-given"])
+            client.register_script("return redis.call('EXISTS', 'script-keys-built')")()
+        seen.sync()
+        assert seen.undeclared == [("EXISTS script-keys-built", "script-keys-built")], (
+            f"the monitor did not tie each script's calls to it: {seen.undeclared}"
+        )
+        seen.undeclared.clear()
+        seen.calls = 0
+        yield seen
+    finally:
+        seen.stop()
