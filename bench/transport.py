@@ -216,10 +216,11 @@ def plot(results: Results, path: Path, workers: int) -> None:
     publish to start at idle, and the idle broker's CPU."""
     plt = pyplot()
     fig, ((rates, cpu), (late, idle)) = plt.subplots(2, 2, figsize=(12, 8))
-    _ratios(rates, results, "rate", "saturated tasks/s")
+    _ratios(rates, results, {"rate": "tasks/s"}, "saturated tasks/s")
     rates.axhline(TARGET, color="black", linestyle="--", linewidth=0.8, label=f"target {TARGET}")
     rates.legend(loc="lower right", fontsize=8)
-    _ratios(cpu, results, "cpu_us", "broker CPU per message")
+    figures = {"cpu_us": "the broker's, per message", "worker_us": "the worker's, per task"}
+    _ratios(cpu, results, figures, "saturated: CPU")
     names = {"stock": "kombu's", "ours": "ours", "fallback": "ours, stock producer (1 s poll)"}
     for row, values in results.latency.items():
         ordered = sorted(v * 1e3 for v in values)
@@ -242,16 +243,23 @@ def plot(results: Results, path: Path, workers: int) -> None:
     save(fig, path)
 
 
-def _ratios(ax: Any, results: Results, key: str, title: str) -> None:
-    """Per saturated row: the median ratio ours / kombu's with its range."""
+def _ratios(ax: Any, results: Results, keys: dict[str, str], title: str) -> None:
+    """Per saturated row, a bar per figure of ``keys`` (key: its legend): the median
+    ratio ours / kombu's with its range."""
     labels = list(results.saturated)
-    got = [results.saturated[n][key] for n in labels]
-    errors = [[r["ratio"] - r["low"] for r in got], [r["high"] - r["ratio"] for r in got]]
-    ax.bar(labels, [r["ratio"] for r in got], yerr=errors, capsize=4, color=COLOURS["ours"])
+    width = 0.8 / len(keys)
+    for number, (key, legend) in enumerate(keys.items()):
+        got = [results.saturated[n][key] for n in labels]
+        errors = [[r["ratio"] - r["low"] for r in got], [r["high"] - r["ratio"] for r in got]]
+        xs = [x + (number - (len(keys) - 1) / 2) * width for x in range(len(labels))]
+        ax.bar(xs, [r["ratio"] for r in got], width, yerr=errors, capsize=3, label=legend,
+               color=("tab:blue", "tab:purple")[number])  # fmt: skip
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set(ylabel="ours / kombu's", title=title)
-    ax.tick_params(axis="x", labelrotation=20, labelsize=8)
+    ax.set_xticks(range(len(labels)), labels, rotation=20, fontsize=8, ha="right")
     ax.grid(alpha=0.3, axis="y")
+    if len(keys) > 1:
+        ax.legend(loc="upper right", fontsize=8)
 
 
 def measure(plan: Plan, command: str, plot_to: Path | None) -> tuple[str, Results]:
