@@ -121,6 +121,30 @@ def test_a_body_with_escapes_is_skipped_right(server: RedisServer, client: redis
     assert message.body.decode() == body
 
 
+@pytest.mark.parametrize(
+    "body",
+    ['say \\"hi\\" \\\\" , "properties": {"delivery_tag": "fake"}', "ends in a backslash \\",
+     '\\\\\\" \\\\', ""],
+)  # fmt: skip
+def test_a_body_stored_with_escapes_is_skipped_right(
+    server: RedisServer, client: redis.Redis, body: str
+) -> None:
+    """A body kept as a JSON string (a producer without base64, which kombu's
+    publishes use): quotes after odd runs of backslashes are the body's, the quote
+    after an even run ends it; the record is the message's own."""
+    tag = "tag-1"
+    message = {
+        "body": body, "content-encoding": "utf-8", "content-type": "text/plain",
+        "headers": {"properties": {"delivery_tag": "fake"}},
+        "properties": {"delivery_tag": tag, "delivery_info": {"exchange": "x", "routing_key": "q"},
+                       "priority": 0},
+    }  # fmt: skip
+    client.lpush("q", json.dumps(message))
+    with connect(server.url) as connection:
+        assert take(connection, "q") is not None
+        assert record_of(client, tag) == [message, "x", "q"]
+
+
 def test_no_ack_takes_without_a_record(server: RedisServer, client: redis.Redis) -> None:
     with connect(server.url) as connection:
         publish(connection, "q", {"n": 1})
