@@ -19,6 +19,7 @@ from kombu.entity import Exchange, Queue
 from kombu.messaging import Producer
 from kombu.transport import virtual
 
+from celery_funnel._transport.channel import MARKERS_KEPT
 from celery_funnel._transport.fetch import FETCH
 from celery_funnel.testing import RedisServer
 from celery_funnel.transport import Transport
@@ -298,3 +299,18 @@ def test_markers_wake_a_waiting_consumer(server: RedisServer, client: redis.Redi
             channel._brpop_read()  # woken by the marker
         assert channel._ready
         assert client.llen(marker) == 0
+
+
+@pytest.mark.parametrize("prefix", ["", "pfx:"])
+def test_markers_are_capped_where_no_fetch_pops_them(
+    server: RedisServer, client: redis.Redis, prefix: str
+) -> None:
+    """Only kombu's own workers consume the queue (a rollback): our publishes keep at
+    most MARKERS_KEPT markers, under the global key prefix."""
+    with connect(server.url, global_keyprefix=prefix) as connection:
+        for n in range(MARKERS_KEPT + 20):
+            publish(connection, "q", {"n": n})
+        marker = f"{prefix}{connection.default_channel.fetch.marker('q')}"
+    assert client.llen(marker) == MARKERS_KEPT
+    assert client.llen(f"{prefix}q") == MARKERS_KEPT + 20
+    assert [key for key in client.scan_iter("*") if not key.startswith(prefix.encode())] == []
