@@ -55,3 +55,15 @@ MEMORY = """Redis `used_memory` before and after one decision on each of 100 000
 funnels (pipelined; a 1/h rate so that none expires meanwhile), divided by the count.
 GCRA funnels expire once full again, so idle funnels cost nothing; these are the costs
 of busy ones."""
+
+TRANSPORT = """celery-funnel's broker transport (`celery_funnel.transport:Transport`, issue 54:
+its fetch takes a message and writes kombu's un-acked record in one script call, and
+idle consumers wait on wake markers) against kombu's own Redis transport
+(`bench/transport.py`): real `celery worker` processes of a plain Celery app (no
+funnel) on private redis-servers, the producer on the worker's transport unless said.
+Saturated: one worker drains no-op tasks queued before it started, the two transports
+taking turns round by round, a fresh server each; publish to start: one idle worker per
+row, all up at once, tasks sent to each in turn; idle: 20 workers (`-P solo`) per
+transport and a server with no client, read in the same windows. The broker's figures
+are its own: CPU from `INFO cpu`, commands from `INFO stats`, the fetch's microseconds
+from `INFO commandstats`."""

@@ -41,6 +41,7 @@ logger = logging.getLogger("celery_funnel.transport")
 
 FETCHING, WAKING = "fetch", "wake"  # what the poll connection waits for
 CLOSE_READ_SECONDS = 2.0  # how long a closing channel waits for a fetch's reply
+MARKERS_KEPT = 1000  # a marker wakes one worker: more than the idle workers is enough
 
 
 class QoS(redis.QoS):
@@ -185,7 +186,7 @@ class Channel(redis.Channel):
         """Publish ``message`` to ``queue`` as kombu does, and push its marker in the
         same round trip (or the same batch)."""
         batch = kwargs.pop("_publish_batch", None)
-        commands = [*self._publish_commands(queue, message), ("lpush", self.fetch.marker(queue), 1)]
+        commands = [*self._publish_commands(queue, message), *self._marker_commands(queue)]
         if batch is not None:
             for name, *args in commands:
                 batch.add(name, *args)
@@ -205,6 +206,15 @@ class Channel(redis.Channel):
             for priority in self.priority_steps:
                 yield ("pexpire", self._q_for_pri(queue, priority), expires)
             yield ("pexpire", self.fetch.marker(queue), expires)
+
+    def _marker_commands(self, queue: str) -> Iterator[tuple[Any, ...]]:
+        """Push ``queue``'s marker, and keep at most ``MARKERS_KEPT`` (no fetch pops them
+        where only kombu's own workers consume the queue)."""
+        marker = self.fetch.marker(queue)
+        yield ("lpush", marker, 1)
+        # kombu's prefixing client leaves LTRIM's key as it is given
+        prefixes = "LTRIM" in redis.GlobalKeyPrefixMixin.PREFIXED_SIMPLE_COMMANDS
+        yield ("ltrim", marker if prefixes else self.fetch.key(marker), 0, MARKERS_KEPT - 1)
 
     def _do_restore_message(
         self, payload: Any, exchange: str, routing_key: str, pipe: Any, leftmost: bool = False

@@ -32,9 +32,18 @@ local function routing(message)
   local _, open = string.find(message, '^{%s*"body"%s*:%s*"')
   if open then
     local at = open + 1
-    local hit = string.find(message, '["\\]', at)
-    while hit and string.sub(message, hit, hit) == '\\' do
-      hit = string.find(message, '["\\]', hit + 2)
+    -- the body's closing quote: a plain find (memchr), as a pattern's class is
+    -- matched a character at a time (16 ms for a 1 MB body, against 1 ms)
+    local hit = string.find(message, '"', at, true)
+    while hit do
+      local back = hit - 1
+      while back >= at and string.byte(message, back) == 92 do -- 92: a backslash
+        back = back - 1
+      end
+      if (hit - 1 - back) % 2 == 0 then
+        break -- not escaped: an even run of backslashes before it
+      end
+      hit = string.find(message, '"', hit + 1, true)
     end
     local comma = hit and string.find(message, '^%s*,', hit + 1)
     if comma then

@@ -19,6 +19,7 @@ from kombu.entity import Exchange, Queue
 from kombu.messaging import Producer
 from kombu.transport import virtual
 
+from celery_funnel._transport.channel import MARKERS_KEPT
 from celery_funnel._transport.fetch import FETCH
 from celery_funnel.testing import RedisServer
 from celery_funnel.transport import Transport
@@ -119,6 +120,30 @@ def test_a_body_with_escapes_is_skipped_right(server: RedisServer, client: redis
         assert message.delivery_tag != "fake"
         assert record_of(client, message.delivery_tag)[1:] == ["q", "q"]
     assert message.body.decode() == body
+
+
+@pytest.mark.parametrize(
+    "body",
+    ['say \\"hi\\" \\\\" , "properties": {"delivery_tag": "fake"}', "ends in a backslash \\",
+     '\\\\\\" \\\\', ""],
+)  # fmt: skip
+def test_a_body_stored_with_escapes_is_skipped_right(
+    server: RedisServer, client: redis.Redis, body: str
+) -> None:
+    """A body kept as a JSON string (a producer without base64, which kombu's
+    publishes use): quotes after odd runs of backslashes are the body's, the quote
+    after an even run ends it; the record is the message's own."""
+    tag = "tag-1"
+    message = {
+        "body": body, "content-encoding": "utf-8", "content-type": "text/plain",
+        "headers": {"properties": {"delivery_tag": "fake"}},
+        "properties": {"delivery_tag": tag, "delivery_info": {"exchange": "x", "routing_key": "q"},
+                       "priority": 0},
+    }  # fmt: skip
+    client.lpush("q", json.dumps(message))
+    with connect(server.url) as connection:
+        assert take(connection, "q") is not None
+        assert record_of(client, tag) == [message, "x", "q"]
 
 
 def test_no_ack_takes_without_a_record(server: RedisServer, client: redis.Redis) -> None:
@@ -274,3 +299,18 @@ def test_markers_wake_a_waiting_consumer(server: RedisServer, client: redis.Redi
             channel._brpop_read()  # woken by the marker
         assert channel._ready
         assert client.llen(marker) == 0
+
+
+@pytest.mark.parametrize("prefix", ["", "pfx:"])
+def test_markers_are_capped_where_no_fetch_pops_them(
+    server: RedisServer, client: redis.Redis, prefix: str
+) -> None:
+    """Only kombu's own workers consume the queue (a rollback): our publishes keep at
+    most MARKERS_KEPT markers, under the global key prefix."""
+    with connect(server.url, global_keyprefix=prefix) as connection:
+        for n in range(MARKERS_KEPT + 20):
+            publish(connection, "q", {"n": n})
+        marker = f"{prefix}{connection.default_channel.fetch.marker('q')}"
+    assert client.llen(marker) == MARKERS_KEPT
+    assert client.llen(f"{prefix}q") == MARKERS_KEPT + 20
+    assert [key for key in client.scan_iter("*") if not key.startswith(prefix.encode())] == []
