@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
@@ -42,6 +43,11 @@ class Write:
     def sha(self) -> str:
         """The SHA1 of the script that wrote it ("" when not run by EVALSHA)."""
         return self.command[1] if self.command[:1] == ("EVALSHA",) else ""
+
+    def argv(self, n: int) -> str:
+        """ARGV[``n``] (from 1) of the ``EVALSHA`` that wrote it (``reserve.lua``'s
+        ARGV[2] is the ticket: the task id)."""
+        return self.command[3 + int(self.command[2]) + n - 1]
 
 
 class Monitor:
@@ -153,6 +159,26 @@ class FunnelLog(Monitor):
         """The writes of ``key`` (None: of every key under the prefix), in order."""
         self.check()
         return [w for w in self.writes if key is None or w.key == key]
+
+
+def one_slot_each(writes: Sequence[Write], slot: float, slack: float = 0.04) -> list[float]:
+    """The slots ``writes`` (a funnel of capacity 1 charging ``slot`` seconds a run:
+    T x cost) booked or admitted at, sorted; fails unless each write moved the TAT one
+    slot: exactly, from the TAT before it, or from the time it ran (an idle funnel: the
+    script's now, at most ``slack`` before Redis stamped the write)."""
+    before = [0.0, *(w.tat for w in writes)]
+    moved = [(w.tat - b, w.tat - w.at) for w, b in zip(writes, before, strict=False)]
+    odd = [m for m in moved if abs(m[0] - slot) > 2e-6 and not slot - slack <= m[1] <= slot + 2e-6]
+    assert odd == [], f"moves of no slot of {slot} s: {moved}"
+    return sorted(max(w.at, w.tat - slot) for w in writes)
+
+
+def started_early(starts: Sequence[float], slots: Sequence[float], early: float) -> list[Any]:
+    """The starts (epoch seconds, any order) that came before their slot less the early
+    grace ``early``: the n-th start may come no earlier than the n-th slot (a loaded
+    machine only makes starts later); 5 ms for two clocks read on one machine."""
+    pairs = zip(sorted(starts), sorted(slots), strict=False)
+    return [(start, slot) for start, slot in pairs if start < slot - early - 0.005]
 
 
 @contextmanager
