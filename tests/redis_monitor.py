@@ -250,3 +250,38 @@ def script_keys(url: str) -> Iterator[ScriptKeys]:
         yield seen
     finally:
         seen.stop()
+
+
+class SeatLog(Monitor):
+    """The seats of a concurrency funnel of ``n`` seats (its holders and waiters, the
+    sorted sets ``lease_keys`` names) as Redis changed them: ``short``, each moment a
+    script left a seat free while a waiter that holds none waited (none, when a freed
+    seat goes to the first waiter in the call that frees it); ``handed``, when Redis
+    handed each waiter its seat (epoch seconds, Redis's clock)."""
+
+    def __init__(self, url: str, holders: str, waiters: str, n: int) -> None:
+        super().__init__(url)
+        self.keys, self.n = {holders: "holders", waiters: "waiters"}, n
+        self.sets: dict[str, set[str]] = {"holders": set(), "waiters": set()}
+        self.short: list[tuple[float, int, int]] = []  # (at, seats taken, waiting)
+        self.handed: dict[str, float] = {}
+        self.queued: dict[str, None] = {}
+
+    def note(self, at: float, client: str, words: list[str]) -> None:
+        if client != "lua":  # the script before this command has ended
+            holders, waiters = self.sets["holders"], self.sets["waiters"]
+            unseated = waiters - holders
+            if unseated and len(holders) < self.n:
+                self.short.append((at, len(holders), len(unseated)))
+        name = self.keys.get(words[1]) if len(words) > 2 else None
+        if name is None or words[0] not in ("ZADD", "ZREM"):
+            return
+        members = self.sets[name]
+        if words[0] == "ZREM":
+            members.difference_update(words[2:])
+        elif "XX" not in words or words[-1] in members:  # a renewal adds none
+            if name == "holders" and words[-1] in self.sets["waiters"]:
+                self.handed.setdefault(words[-1], at)
+            elif name == "waiters":
+                self.queued.setdefault(words[-1], None)
+            members.add(words[-1])
