@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from celery_funnel._limiter.keys import fair_keys
 from tests.redis_monitor import US, Monitor
 
-__all__ = ["FairLog", "Slot", "Wait", "fair_log"]
+__all__ = ["FairLog", "Slot", "Wait", "fair_log", "passed_over"]
 
 NUL = "\\x00"  # how MONITOR shows a NUL of a queue member (tenant\0rank+seq\0cost\0id)
 
@@ -97,3 +97,28 @@ def fair_log(url: str, key: str) -> Iterator[FairLog]:
         yield log
     finally:
         log.stop()
+
+
+def passed_over(log: FairLog, tenant: str) -> list[tuple[str, int, int]]:
+    """``tenant``'s tasks that more of the others' tasks went ahead of (slots handed to
+    others between its joining its queue and its own slot) than stride order allows:
+    one for each of its own tasks waiting ahead of it, and one more (a tie). Each:
+    (task, others ahead, allowed)."""
+    ahead: dict[str, int] = {}  # a waiting task of tenant -> others served since
+    allowed: dict[str, int] = {}
+    waiting: list[str] = []
+    found = []
+    for event in log.events:
+        if isinstance(event, Wait):
+            if event.tenant == tenant:
+                ahead[event.task], allowed[event.task] = 0, len(waiting) + 1
+                waiting.append(event.task)
+            continue
+        if event.tenant != tenant:
+            for task in waiting:
+                ahead[task] += 1
+        elif event.task in waiting:
+            waiting.remove(event.task)
+            if ahead[event.task] > allowed[event.task]:
+                found.append((event.task, ahead[event.task], allowed[event.task]))
+    return found

@@ -29,7 +29,7 @@ from celery_funnel._limiter.strategies.reservation import DEFAULT_EARLY_SECONDS
 from celery_funnel._stores.park import ParkStore
 from celery_funnel.testing import CeleryWorkers
 from tests.conftest import SERVERS, ServerPool
-from tests.fair_log import FairLog, Slot, Wait, fair_log
+from tests.fair_log import FairLog, Slot, Wait, fair_log, passed_over
 from tests.integration.fair_proj import fair_runs, make_fair_app
 from tests.integration.proj import close_app
 from tests.polling import wait_for
@@ -138,31 +138,6 @@ def turns(log: FairLog, tenants: Mapping[str, int]) -> list[str]:
             order.append(event.tenant)
         waiting.get(event.tenant, set()).discard(event.task)
     return order
-
-
-def passed_over(log: FairLog, tenant: str) -> list[tuple[str, int, int]]:
-    """``tenant``'s tasks that more of the others' tasks went ahead of (slots handed to
-    others between its joining its queue and its own slot) than stride order allows:
-    one for each of its own tasks waiting ahead of it, and one more (a tie). Each:
-    (task, others ahead, allowed)."""
-    ahead: dict[str, int] = {}  # a waiting task of tenant -> others served since
-    allowed: dict[str, int] = {}
-    waiting: list[str] = []
-    found = []
-    for event in log.events:
-        if isinstance(event, Wait):
-            if event.tenant == tenant:
-                ahead[event.task], allowed[event.task] = 0, len(waiting) + 1
-                waiting.append(event.task)
-            continue
-        if event.tenant != tenant:
-            for task in waiting:
-                ahead[task] += 1
-        elif event.task in waiting:
-            waiting.remove(event.task)
-            if ahead[event.task] > allowed[event.task]:
-                found.append((event.task, ahead[event.task], allowed[event.task]))
-    return found
 
 
 def shares(order: list[str], tenants: Mapping[str, int]) -> list[tuple[int, str, float]]:
