@@ -164,12 +164,19 @@ class FunnelLog(Monitor):
 def one_slot_each(writes: Sequence[Write], slot: float, slack: float = 0.04) -> list[float]:
     """The slots ``writes`` (a funnel of capacity 1 charging ``slot`` seconds a run:
     T x cost) booked or admitted at, sorted; fails unless each write moved the TAT one
-    slot: exactly, from the TAT before it, or from the time it ran (an idle funnel: the
-    script's now, at most ``slack`` before Redis stamped the write)."""
-    before = [0.0, *(w.tat for w in writes)]
-    moved = [(w.tat - b, w.tat - w.at) for w, b in zip(writes, before, strict=False)]
-    odd = [m for m in moved if abs(m[0] - slot) > 2e-6 and not slot - slack <= m[1] <= slot + 2e-6]
-    assert odd == [], f"moves of no slot of {slot} s: {moved}"
+    slot: exactly from the TAT before it when that was still ahead (a busy funnel), or
+    from the time it ran (an idle one: the script's now, at most ``slack``, and at most
+    one slot, before Redis stamped the write)."""
+    slack = min(slack, slot)
+    odd, before = [], 0.0
+    for w in writes:
+        busy = before > w.at
+        if (busy and abs(w.tat - before - slot) > 2e-6) or (
+            not busy and not slot - slack <= w.tat - w.at <= slot + 2e-6
+        ):
+            odd.append((w.tat - before, w.tat - w.at))
+        before = w.tat
+    assert odd == [], f"moves of no slot of {slot} s (from the TAT before, from now): {odd[:5]}"
     return sorted(max(w.at, w.tat - slot) for w in writes)
 
 
@@ -179,6 +186,30 @@ def started_early(starts: Sequence[float], slots: Sequence[float], early: float)
     machine only makes starts later); 5 ms for two clocks read on one machine."""
     pairs = zip(sorted(starts), sorted(slots), strict=False)
     return [(start, slot) for start, slot in pairs if start < slot - early - 0.005]
+
+
+def bookings(writes: Sequence[Write], slot: float) -> dict[str, list[Write]]:
+    """The writes of ``reserve.lua`` (a funnel of capacity 1, ``slot`` seconds a run)
+    that booked a slot ahead (not admitted at once), by ticket (task id)."""
+    found: dict[str, list[Write]] = {}
+    for write in writes:
+        if write.tat - slot > write.at:  # its slot ahead of the time it ran: booked
+            found.setdefault(write.argv(2), []).append(write)
+    return found
+
+
+def booked_again_early(writes: Sequence[Write], slot: float) -> list[tuple[float, float]]:
+    """Each booking of a ticket made while its previous slot could still be honoured
+    (before that slot's late grace, the smallest ``reserve.lua`` was given, ARGV[5],
+    had passed on Redis's clock): (the previous slot, the time of the new booking). A
+    task that came back in its window redeems its slot; only a late one books again."""
+    late = min(float(write.argv(5)) for write in writes) / US
+    return [
+        (before.tat - slot, after.at)
+        for booked in bookings(writes, slot).values()
+        for before, after in itertools.pairwise(booked)
+        if after.at <= before.tat - slot + late
+    ]
 
 
 @contextmanager

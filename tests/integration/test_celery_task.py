@@ -21,7 +21,14 @@ from celery_funnel._limiter.keys import limit_key, task_key
 from celery_funnel._limiter.strategies.reservation import DEFAULT_EARLY_SECONDS
 from tests.integration.proj import close_app, make_app, runs
 from tests.polling import wait_for
-from tests.redis_monitor import Write, funnel_log, one_slot_each, started_early
+from tests.redis_monitor import (
+    Write,
+    booked_again_early,
+    bookings,
+    funnel_log,
+    one_slot_each,
+    started_early,
+)
 
 pytestmark = pytest.mark.redis
 ONE_REDIS = True  # one Redis version is enough here (tests/conftest.py)
@@ -66,20 +73,11 @@ def test_throttled_tasks_run_once_each_at_the_funnel_rate(
     # came back after its booked slot's late grace (a timer late on a loaded machine).
     # Was: deferrals == 1 + stale, where "stale" counts only the tickets the task
     # itself found late, not one that another booking swept as stale before it came
-    bookings: dict[str, list[Write]] = {}
-    for write in writes:
-        if write.tat - 0.1 > write.at:  # its slot ahead of it: booked, not admitted
-            bookings.setdefault(write.argv(2), []).append(write)
+    booked = bookings(writes, 0.1)
     deferred = {r["id"]: r["deferrals"] for r in recorded if r["deferrals"]}
     assert deferred, "some tasks were deferred"
-    assert deferred == {task: len(booked) for task, booked in bookings.items()}
-    late = min(float(write.argv(5)) for write in writes) / 1e6  # the late grace
-    again = [
-        (before.tat - 0.1, after.at)
-        for booked in bookings.values()
-        for before, after in itertools.pairwise(booked)
-        if after.at <= before.tat - 0.1 + late
-    ]  # fmt: skip
+    assert deferred == {task: len(slots) for task, slots in booked.items()}
+    again = booked_again_early(writes, 0.1)
     assert again == [], "booked again while its booked slot could still be honoured"
 
 
