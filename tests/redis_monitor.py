@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
@@ -42,6 +43,11 @@ class Write:
     def sha(self) -> str:
         """The SHA1 of the script that wrote it ("" when not run by EVALSHA)."""
         return self.command[1] if self.command[:1] == ("EVALSHA",) else ""
+
+    def argv(self, n: int) -> str:
+        """ARGV[``n``] (from 1) of the ``EVALSHA`` that wrote it (``reserve.lua``'s
+        ARGV[2] is the ticket: the task id)."""
+        return self.command[3 + int(self.command[2]) + n - 1]
 
 
 class Monitor:
@@ -155,6 +161,57 @@ class FunnelLog(Monitor):
         return [w for w in self.writes if key is None or w.key == key]
 
 
+def one_slot_each(writes: Sequence[Write], slot: float, slack: float = 0.04) -> list[float]:
+    """The slots ``writes`` (a funnel of capacity 1 charging ``slot`` seconds a run:
+    T x cost) booked or admitted at, sorted; fails unless each write moved the TAT one
+    slot: exactly from the TAT before it when that was still ahead (a busy funnel), or
+    from the time it ran (an idle one: the script's now, at most ``slack``, and at most
+    one slot, before Redis stamped the write)."""
+    slack = min(slack, slot)
+    odd, before = [], 0.0
+    for w in writes:
+        busy = before > w.at
+        if (busy and abs(w.tat - before - slot) > 2e-6) or (
+            not busy and not slot - slack <= w.tat - w.at <= slot + 2e-6
+        ):
+            odd.append((w.tat - before, w.tat - w.at))
+        before = w.tat
+    assert odd == [], f"moves of no slot of {slot} s (from the TAT before, from now): {odd[:5]}"
+    return sorted(max(w.at, w.tat - slot) for w in writes)
+
+
+def started_early(starts: Sequence[float], slots: Sequence[float], early: float) -> list[Any]:
+    """The starts (epoch seconds, any order) that came before their slot less the early
+    grace ``early``: the n-th start may come no earlier than the n-th slot (a loaded
+    machine only makes starts later); 5 ms for two clocks read on one machine."""
+    pairs = zip(sorted(starts), sorted(slots), strict=False)
+    return [(start, slot) for start, slot in pairs if start < slot - early - 0.005]
+
+
+def bookings(writes: Sequence[Write], slot: float) -> dict[str, list[Write]]:
+    """The writes of ``reserve.lua`` (a funnel of capacity 1, ``slot`` seconds a run)
+    that booked a slot ahead (not admitted at once), by ticket (task id)."""
+    found: dict[str, list[Write]] = {}
+    for write in writes:
+        if write.tat - slot > write.at:  # its slot ahead of the time it ran: booked
+            found.setdefault(write.argv(2), []).append(write)
+    return found
+
+
+def booked_again_early(writes: Sequence[Write], slot: float) -> list[tuple[float, float]]:
+    """Each booking of a ticket made while its previous slot could still be honoured
+    (before that slot's late grace, the smallest ``reserve.lua`` was given, ARGV[5],
+    had passed on Redis's clock): (the previous slot, the time of the new booking). A
+    task that came back in its window redeems its slot; only a late one books again."""
+    late = min(float(write.argv(5)) for write in writes) / US
+    return [
+        (before.tat - slot, after.at)
+        for booked in bookings(writes, slot).values()
+        for before, after in itertools.pairwise(booked)
+        if after.at <= before.tat - slot + late
+    ]
+
+
 @contextmanager
 def funnel_log(url: str, prefix: str) -> Iterator[FunnelLog]:
     """A ``FunnelLog`` of the funnel keys starting with ``prefix`` on the Redis at
@@ -224,3 +281,38 @@ def script_keys(url: str) -> Iterator[ScriptKeys]:
         yield seen
     finally:
         seen.stop()
+
+
+class SeatLog(Monitor):
+    """The seats of a concurrency funnel of ``n`` seats (its holders and waiters, the
+    sorted sets ``concurrency_keys`` names) as Redis changed them: ``short``, each moment a
+    script left a seat free while a waiter that holds none waited (none, when a freed
+    seat goes to the first waiter in the call that frees it); ``handed``, when Redis
+    handed each waiter its seat (epoch seconds, Redis's clock)."""
+
+    def __init__(self, url: str, holders: str, waiters: str, n: int) -> None:
+        super().__init__(url)
+        self.keys, self.n = {holders: "holders", waiters: "waiters"}, n
+        self.sets: dict[str, set[str]] = {"holders": set(), "waiters": set()}
+        self.short: list[tuple[float, int, int]] = []  # (at, seats taken, waiting)
+        self.handed: dict[str, float] = {}
+        self.queued: dict[str, None] = {}
+
+    def note(self, at: float, client: str, words: list[str]) -> None:
+        if client != "lua":  # the script before this command has ended
+            holders, waiters = self.sets["holders"], self.sets["waiters"]
+            unseated = waiters - holders
+            if unseated and len(holders) < self.n:
+                self.short.append((at, len(holders), len(unseated)))
+        name = self.keys.get(words[1]) if len(words) > 2 else None
+        if name is None or words[0] not in ("ZADD", "ZREM"):
+            return
+        members = self.sets[name]
+        if words[0] == "ZREM":
+            members.difference_update(words[2:])
+        elif "XX" not in words or words[-1] in members:  # a renewal adds none
+            if name == "holders" and words[-1] in self.sets["waiters"]:
+                self.handed.setdefault(words[-1], at)
+            elif name == "waiters":
+                self.queued.setdefault(words[-1], None)
+            members.add(words[-1])

@@ -4,7 +4,10 @@ funnels' Redis, or publish it again as a new copy with the capped countdown (rec
 first: ``copies``; on a Redis broker, backed up in the parked store instead:
 ``Parking.back_up``); the message held is acked only after it is parked or published.
 When none of these can be done in time (the funnels' Redis fails), the message is
-handed back to the broker (``delivery.hand_back``).
+handed back to the broker (``delivery.hand_back``). Nor is a message moved past its
+delivery's deadline: the broker may have given it to another worker by then, under the
+same copy token, and the copies' record cannot tell that delivery from this one: a copy
+published or parked now would run beside it. It is handed back instead, as a run is.
 
 Each way is one row of ``ACTS``: its ``Way``, how reports name the wait, and its act
 (docs/architecture.md, "Recipe: add a way to wait")."""
@@ -132,6 +135,8 @@ class Waits:
         """Publish the task again as a new copy for the capped countdown, recorded
         first; ack the message held after."""
         request = arrival.request
+        if _too_late(arrival):
+            return
         # never past its expiry: it then arrives expired, and ends as Celery ends those
         countdown = min(self.runtime.countdowns.countdown(ruling.delay), until_expiry(request))
         token = new_token()
@@ -205,8 +210,11 @@ class Waits:
     ) -> bool:
         """Park the task in the funnels' Redis until its slot (``queue``: the call that
         queues it for one, ``Parking.park``); ack the original after. False when it
-        could not be parked (it is held, to try again shortly)."""
+        could not be parked (it is held, to try again shortly, or handed back past its
+        delivery's deadline)."""
         request = arrival.request
+        if _too_late(arrival):
+            return False
         fair = fair_charge(arrival.charges, ruling.queued)
         arrival.delivery.accepted = False  # parked from now, should the reply be lost
         try:
@@ -224,3 +232,12 @@ class Waits:
     def hold(self, arrival: Arrival, state: State, delay: float) -> None:
         """Hold the request on the consumer's timer for ``delay`` seconds."""
         self.held.hold(arrival.request, arrival.charges, state, delay)
+
+
+def _too_late(arrival: Arrival) -> bool:
+    """Whether ``arrival``'s delivery is past its deadline: then it is handed back to the
+    broker, not moved (see the module)."""
+    if not arrival.delivery.past_deadline():
+        return False
+    hand_back(arrival.request, "its delivery's deadline passed before it could be moved")
+    return True

@@ -211,7 +211,8 @@ def publish_message(
 ) -> None:  # fmt: skip
     """Publish a captured message (``_stores.park.capture``) as it is, through the
     gate's producers: ``headers`` replace its headers; its message TTL (``expires``),
-    if any, is shortened by the ``elapsed`` seconds since it was captured.
+    if any, is shortened by the ``elapsed`` seconds since it was captured. Once: a
+    failed publish is not retried (it may have landed).
 
     Raises:
         Exception: what the broker's publish raises.
@@ -229,8 +230,11 @@ def publish_message(
             headers=dict(message["headers"] if headers is None else headers),
             content_type=message["content_type"], content_encoding=message["content_encoding"],
             priority=message["priority"], delivery_mode=delivery_mode, expiration=expiration,
-            declare=declare, retry=True,
-            retry_policy={"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5},
+            # never retried here: a push that landed and whose reply was lost would
+            # go again under the same copy token, and both copies would run; the
+            # caller keeps what it moves (the message held, the entry claimed) and
+            # tries again later under a new token
+            declare=declare, retry=False,
             confirm_timeout=PUBLISH_TIMEOUT_SECONDS, **properties,
         )  # fmt: skip
 

@@ -2,7 +2,7 @@
 ``app`` (from FUNNEL_TEST_BROKER / FUNNEL_TEST_REDIS) for ``celery -A`` workers.
 
 Each task shares one funnel between tenants (``funnel_fair_by="{tenant}"``) and records
-every run (task, tenant, number, start time, priority) in the Redis list ``fair:runs``.
+every run (task, id, tenant, number, start time, priority) in the Redis list ``fair:runs``.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ def make_fair_app(broker_url: str, funnel_url: str, **conf: Any) -> Celery:
         priority = (task.request.delivery_info or {}).get("priority")
         state = (task.request.headers or {}).get("celery_funnel") or {}
         run = {
-            "task": task.name, "tenant": tenant, "n": n, "at": time.time(), "priority": priority,
+            "task": task.name, "id": task.request.id, "tenant": tenant, "n": n,
+            "at": time.time(), "priority": priority,
             "stale": state.get("stale", 0), "requeues": state.get("requeues", 0),
         }  # fmt: skip
         store.rpush(RUNS, json.dumps(run))

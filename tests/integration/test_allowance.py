@@ -19,11 +19,12 @@ import redis
 from celery_funnel._limiter.keys import limit_key
 from celery_funnel._limiter.rate import Rate
 from celery_funnel._limiter.strategies.allowance import units
+from celery_funnel._limiter.strategies.reservation import DEFAULT_EARLY_SECONDS
 from celery_funnel.testing import CeleryWorkers, RedisServer, peak
 from tests.integration.conftest import ROOT
 from tests.integration.proj import close_app, make_app, runs
 from tests.polling import wait_for
-from tests.redis_monitor import FunnelLog, Write, funnel_log
+from tests.redis_monitor import FunnelLog, Write, funnel_log, started_early
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -89,17 +90,33 @@ def _run(
 
 
 def test_starts_stay_within_the_allowance_bound_on_four_workers(broker: RedisServer) -> None:
+    """Four workers taking units in batches (k = 10) from a 200/s funnel of capacity 40:
+    read on Redis's clock from the funnel's own writes (each moves the TAT one unit, or
+    k), the units taken in any window stay within the funnel's bound (rate x window +
+    capacity), every run had a unit taken before it started, and the runs took no more
+    units than were taken. Was: starts (the workers' clock) within that bound plus the
+    k x workers units held: a loaded machine bunches starts that waited for the CPU."""
     assert K == 10
     limit = {"rate": "200/s", "capacity": CAPACITY}
-    starts, calls = _run(broker.url, limit, WORKERS, [(STEADY, 150.0), (FLOOD, None)])
+    unit, tau = RATE.period / RATE.count, CAPACITY * RATE.period / RATE.count
+    with funnel_log(broker.url, limit_key("funnel:", "proj.plain")) as log:
+        starts, calls = _run(broker.url, limit, WORKERS, [(STEADY, 150.0), (FLOOD, None)])
     steady_calls = calls[0]
     assert steady_calls < STEADY, "no run was admitted on a unit held"
+    taken: list[float] = []  # when each unit was taken: admitted then, or its slot
+    for write, moved in log.steps():
+        taken += [max(write.at, write.tat - tau)] * round(moved / unit)
+    taken.sort()
+    assert len(taken) >= len(starts), f"{len(starts)} runs on {len(taken)} units"
     for window in (0.25, 1.0, 5.0):
-        bound = RATE.per_second * window + CAPACITY + K * WORKERS
-        most = peak(starts, window)
-        print(f"window {window} s: most starts {most}, bound {bound:g}; calls while"
-              f" steady {steady_calls} for {STEADY} runs")  # fmt: skip
+        bound = RATE.per_second * window + CAPACITY
+        most = peak(taken, window)
+        print(f"window {window} s: most units taken {most}, bound {bound:g} (starts: the"
+              f" most {peak(starts, window)}); calls while steady {steady_calls} for"
+              f" {STEADY} runs")  # fmt: skip
         assert most <= bound, (window, most, bound)
+    early = started_early(starts, taken, DEFAULT_EARLY_SECONDS)
+    assert early == [], f"runs started before a unit was taken for them: {early[:5]}"
 
 
 def test_a_funnel_under_40_a_second_is_decided_run_by_run(broker: RedisServer) -> None:

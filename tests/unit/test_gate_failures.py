@@ -166,3 +166,47 @@ def test_nothing_the_gate_raises_reaches_the_consumer() -> None:
         third = fakes.request()
         assert cut(third) is None
         assert not third.message.acked
+
+
+class _Parking:
+    """Parking that is on and records what it would park (no Redis here)."""
+
+    on, backs_up = True, False
+
+    def __init__(self) -> None:
+        self.parked: list[str] = []
+
+    def park(self, request: Any, *args: Any, **kwargs: Any) -> bool:
+        self.parked.append(request.id)
+        return True
+
+
+@pytest.mark.parametrize("way", ["published again", "parked"])
+def test_a_refused_run_past_its_deliverys_deadline_is_handed_back_not_moved(way: str) -> None:
+    """Past three quarters of the broker's limit (a decision that came back late: a
+    stalled event loop, a Redis that hung) the broker may have given the message to
+    another worker, under the same copy token: a copy published or parked from it would
+    run beside that one (seen: 6 tasks run twice in a 10 s cut to the funnels' Redis
+    under load, each delivery moved 10.6-11.6 s after its receipt, the visibility
+    timeout 10 s). It is handed back, as a run past the deadline is; nothing moves."""
+    with Fakes({"fakes.*": "1/h"}) as fakes:
+        gate = fakes.gate()
+        parking = _Parking()
+        if way == "parked":
+            gate.waits.parking = parking  # type: ignore[assignment]
+        limit = fakes.runtime.countdowns.limit
+        first = fakes.request()
+        late = fakes.request(received=time.monotonic() - 0.8 * limit)
+        gate(first)
+        gate(late)
+        assert fakes.ran == [first]
+        assert late.message.requeued is True, "handed back: the broker's own requeue"
+        assert not late.message.acked
+        assert fakes.publisher.published == []
+        assert parking.parked == []
+        assert fakes.timer.waiting == []
+        on_time = fakes.request(received=time.monotonic() - 0.7 * limit)
+        gate(on_time)
+        moved = [p.task_id for p in fakes.publisher.published] + parking.parked
+        assert moved == [on_time.id], "before the deadline the wait moves it, as before"
+        assert on_time.message.acked
