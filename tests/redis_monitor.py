@@ -25,6 +25,21 @@ import redis
 from tests.polling import wait_for
 
 US = 1_000_000
+# KEYS: the funnel keys to read; ARGV[1]: a mark for the monitor (ignored here)
+# reply: key, TAT (µs) pairs, for the keys that are strings (a funnel's TAT)
+SNAPSHOT = """
+local out = {}
+for _, key in ipairs(KEYS) do
+  if redis.call('TYPE', key).ok == 'string' then
+    local value = redis.call('GET', key)
+    if tonumber(value) then
+      out[#out + 1] = key
+      out[#out + 1] = value
+    end
+  end
+end
+return out
+"""
 
 
 @dataclass(frozen=True)
@@ -134,11 +149,33 @@ class FunnelLog(Monitor):
         self.writes: list[Write] = []
         self._caller = ""
         self._command: tuple[str, ...] = ()
+        self._snapshot = f"funnel-log-snapshot-{id(self)}"
+        self._first = 0  # writes before the snapshot ran are in it, not in the log
+        self._tats: dict[str, float] = {}
+
+    def start(self) -> None:
+        """Start monitoring, from a snapshot of every funnel's TAT under the prefix,
+        taken by one script (atomic, and in the monitor's order): a test may start on a
+        funnel an earlier test left booked ahead, and its first decision moves from that
+        TAT, not from 0."""
+        super().start()
+        with redis.Redis.from_url(self.url) as probe:
+            keys = [k.decode() for k in probe.scan_iter(match=self.prefix + "*", count=1000)]
+            values = probe.eval(SNAPSHOT, len(keys), *keys, self._snapshot)
+        pairs = zip(values[::2], values[1::2], strict=True)
+        self._tats = {key.decode(): int(value) / US for key, value in pairs}
+        self.sync()  # the snapshot is in the log: writes before it are dropped
+
+    def first_tat(self, key: str) -> float:
+        """The TAT of ``key`` (epoch seconds) when the log started; 0.0 if it had none."""
+        return self._tats.get(key, 0.0)
 
     def note(self, at: float, client: str, words: list[str]) -> None:
         if client != "lua":
             # a script's calls come right after it (Redis 6.2, 7)
             self._caller, self._command = client, tuple(words)
+            if words[-1:] == [self._snapshot]:
+                self._first = len(self.writes)
         elif words[:1] == ["SET"] and len(words) >= 3 and words[1].startswith(self.prefix):
             tat = int(words[2]) / US
             self.writes.append(Write(at, words[1], tat, self._caller, self._command))
@@ -149,7 +186,7 @@ class FunnelLog(Monitor):
         it one increment, T x cost, from its ``now``; a booking, from the TAT before)."""
         writes = self.decisions(key)
         assert len({w.key for w in writes}) <= 1, {w.key for w in writes}
-        moved, before = [], 0.0
+        moved, before = [], self.first_tat(writes[0].key) if writes else 0.0
         for write in writes:
             moved.append((write, write.tat - max(before, write.at)))
             before = write.tat
@@ -158,17 +195,20 @@ class FunnelLog(Monitor):
     def decisions(self, key: str | None = None) -> list[Write]:
         """The writes of ``key`` (None: of every key under the prefix), in order."""
         self.check()
-        return [w for w in self.writes if key is None or w.key == key]
+        return [w for w in self.writes[self._first :] if key is None or w.key == key]
 
 
-def one_slot_each(writes: Sequence[Write], slot: float, slack: float = 0.04) -> list[float]:
+def one_slot_each(
+    writes: Sequence[Write], slot: float, slack: float = 0.04, before: float = 0.0
+) -> list[float]:
     """The slots ``writes`` (a funnel of capacity 1 charging ``slot`` seconds a run:
     T x cost) booked or admitted at, sorted; fails unless each write moved the TAT one
     slot: exactly from the TAT before it when that was still ahead (a busy funnel), or
     from the time it ran (an idle one: the script's now, at most ``slack``, and at most
-    one slot, before Redis stamped the write)."""
+    one slot, before Redis stamped the write). ``before``: the TAT when the writes
+    began (``FunnelLog.first_tat``), 0.0 for a new funnel."""
     slack = min(slack, slot)
-    odd, before = [], 0.0
+    odd: list[tuple[float, float]] = []
     for w in writes:
         busy = before > w.at
         if (busy and abs(w.tat - before - slot) > 2e-6) or (

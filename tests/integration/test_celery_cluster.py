@@ -54,7 +54,7 @@ def test_two_workers_share_one_funnel(
     # bunches starts that waited for the CPU)
     writes = log.decisions(key)
     assert len(writes) == 20, "one decision a run"
-    slots = one_slot_each(writes, 0.1)
+    slots = one_slot_each(writes, 0.1, before=log.first_tat(key))
     assert peak(slots) <= 11
     assert started_early([r["at"] for r in recorded], slots, DEFAULT_EARLY_SECONDS) == []
     close_app(app)

@@ -69,5 +69,5 @@ def test_celery_forms_pace_a_real_worker(
     # last one, moves it)
     writes = log.decisions(key)
     assert len(writes) == tasks, "one decision a run"
-    slots = one_slot_each(writes, 1 / per_second)
+    slots = one_slot_each(writes, 1 / per_second, before=log.first_tat(key))
     assert started_early(starts, slots, DEFAULT_EARLY_SECONDS) == [], "a run before its slot"

@@ -65,7 +65,7 @@ def test_throttled_tasks_run_once_each_at_the_funnel_rate(
     # the first and last starts >= 0.65 s apart on the worker's clock (a first start
     # that load delays shortens that)
     writes = log.decisions(key)
-    slots = one_slot_each(writes, 0.1)
+    slots = one_slot_each(writes, 0.1, before=log.first_tat(key))
     starts = [r["at"] for r in recorded]
     assert started_early(starts, slots, DEFAULT_EARLY_SECONDS) == [], "a task ran early"
     # reservation: each deferral booked a slot (none came back before its slot to be
@@ -267,7 +267,7 @@ def waited_at_the_cap(writes: list[Write], copies: list[dict[str, Any]], run: An
     deferrals, on the worker's clock: copies that load brings back late need fewer
     returns, and a first start that load delays shortens the gap."""
     assert len(writes) == 2, f"the slot was booked again: {writes}"
-    slots = one_slot_each(writes, 2.0)
+    slots = one_slot_each(writes, 2.0)  # after a FLUSHALL
     assert started_early([run["at"]], slots[1:], DEFAULT_EARLY_SECONDS) == []
     assert copies, "published again"
     assert all(0 < copy["waited"] <= 0.5 for copy in copies), copies
@@ -334,7 +334,9 @@ def test_several_limits_on_one_task_hold_all_at_once(
     writes = log.decisions()
     [overall] = {w.key for w in writes if not w.key.endswith((":a", ":b"))}
     # 4/s over all binds every run: each decision one 0.25 s slot after the one before
-    slots = one_slot_each([w for w in writes if w.key == overall], 0.25)
+    slots = one_slot_each(
+        [w for w in writes if w.key == overall], 0.25, before=log.first_tat(overall)
+    )
     assert len(slots) == 6
     early = DEFAULT_EARLY_SECONDS
     assert started_early([r["at"] for r in recorded], slots, early) == []
@@ -395,7 +397,7 @@ def test_a_funnel_task_under_a_worker_wide_limit_satisfies_both(
     # >= 0.95 s on the worker's clock (a start that load delays closes a gap: 0.148 s)
     writes = log.decisions(key)
     assert len(writes) == 6, "one decision a run on the worker-wide funnel"
-    slots = one_slot_each(writes, 0.2)
+    slots = one_slot_each(writes, 0.2, before=log.first_tat(key))
     assert started_early(starts, slots, DEFAULT_EARLY_SECONDS) == [], "a task ran early"
     close_app(app)
 
@@ -420,7 +422,7 @@ def test_task_annotations_set_funnel_options(redis_url: str, redis_client: redis
     # now, a little before Redis stamped the write), and a task starts no earlier than
     # its slot less the early grace (DEFAULT_EARLY_SECONDS). Was: start gaps >= 0.15 s,
     # which a start delayed by a loaded machine closes (0.145 s seen)
-    slots = one_slot_each(log.decisions(key), 0.2)
+    slots = one_slot_each(log.decisions(key), 0.2, before=log.first_tat(key))
     ahead = started_early(starts, slots, DEFAULT_EARLY_SECONDS)
     assert ahead == [], "no task started before its slot's early grace"
     assert sum(r["deferrals"] for r in runs(redis_url)) == 3
@@ -439,7 +441,7 @@ def test_eager_runs_wait_in_place_when_configured(
     starts = [r["at"] for r in runs(redis_url)]
     # 4 starts at 10/s, waited in place: 4 slots 0.1 s apart on Redis's clock, none
     # started before its slot's early grace. Was: a span of starts >= 0.28 s
-    slots = one_slot_each(log.decisions(key), 0.1)
+    slots = one_slot_each(log.decisions(key), 0.1, before=log.first_tat(key))
     assert len(slots) == 4
     assert started_early(starts, slots, DEFAULT_EARLY_SECONDS) == []
     close_app(app)

@@ -96,7 +96,7 @@ def paces(log: FunnelLog) -> list[tuple[Write, float]]:
     """Each decision on TASK's funnel that moved it forward (admitted, or a slot booked;
     not a rebase, nor a booking given back), in order, with its slot (FAST or SLOW):
     the rate it was decided at. A move that is no slot of either fails the test."""
-    found, odd, before = [], [], 0.0
+    found, odd, before = [], [], log.first_tat(KEY)  # an earlier test may leave it ahead
     for w in log.decisions(KEY):
         if w.sha != REBASE.sha and w.tat - max(before, w.at) > 1e-5:
             pace = _pace(w.tat - before, w.tat - w.at)
