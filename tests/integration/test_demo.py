@@ -24,6 +24,10 @@ from tests.polling import wait_for
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 PROBE = "CELERY_FUNNEL_DEMO_PROBE"
+# a stopped demo has ended by then, or it hangs: a warm shutdown of each worker may take
+# up to 20 s before it is killed (testing's stop), one after the other, then Redis's;
+# a loaded machine took more than the 60 s this was
+STOPPED = 180
 
 
 def demo_command(*options: str) -> list[str]:
@@ -56,7 +60,7 @@ def running_demo(
     finally:
         if demo.poll() is None:
             demo.kill()
-        demo.communicate(timeout=60)
+        demo.communicate(timeout=STOPPED)
         # nothing it started is left, however it ended
         wait_for(lambda: not marked_processes(probe, PROBE), 30)
 
@@ -97,7 +101,7 @@ def test_a_stopped_demo_stops_its_workers_and_redis(
     options = ("--tasks", "200", "--rate", "2/s")
     with running_demo(tmp_path, *options, held_back=held_back) as (demo, _):
         demo.send_signal(number)
-        out, err = demo.communicate(timeout=60)
+        out, err = demo.communicate(timeout=STOPPED)
         assert demo.returncode == 130, out + err
         assert "Traceback" not in err, err
         assert err.strip().splitlines() == [

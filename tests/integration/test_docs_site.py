@@ -36,6 +36,9 @@ SCREENSHOT = Path(ROOT) / (
     os.environ.get("CELERY_FUNNEL_REFERENCE_SCREENSHOT") or "build/reference.png"
 )
 WIDTH, HEIGHT = 1280, 800
+# a page loaded (and its search index built) by then, or it hangs: a loaded machine
+# took more than the 10-20 s these waits were
+LOADED = 60
 
 
 def docs_python() -> str:
@@ -91,8 +94,8 @@ def browser() -> Iterator[Any]:
 
 def test_an_anchor_scrolls_to_its_option_and_no_name_wraps(site: str, browser: Any) -> None:
     browser.get(f"{site}/reference/#funnel_max_waiting")
-    wait_for(lambda: browser.execute_script("return document.readyState") == "complete", 20)
-    wait_for(lambda: browser.execute_script("return window.scrollY") > 0, 10)
+    wait_for(lambda: browser.execute_script("return document.readyState") == "complete", LOADED)
+    wait_for(lambda: browser.execute_script("return window.scrollY") > 0, LOADED)
     where = browser.execute_script(
         """const name = document.getElementById('funnel_max_waiting');
            const header = document.querySelector('.md-header').getBoundingClientRect();
@@ -132,7 +135,7 @@ def test_an_anchor_scrolls_to_its_option_and_no_name_wraps(site: str, browser: A
 @pytest.mark.parametrize("page", ["configuration", "api", "operations", "quickstart"])
 def test_wide_code_scrolls_instead_of_being_cut_off(site: str, browser: Any, page: str) -> None:
     browser.get(f"{site}/{page}/")
-    wait_for(lambda: browser.execute_script("return document.readyState") == "complete", 20)
+    wait_for(lambda: browser.execute_script("return document.readyState") == "complete", LOADED)
     blocks = browser.execute_script(
         """return [...document.querySelectorAll('article pre > code')].map((c) =>
              [c.textContent.slice(0, 40), c.scrollWidth > c.clientWidth + 1,
@@ -162,7 +165,7 @@ def test_code_lines_of_100_columns_fit_at_1280_pixels(site: str, browser: Any) -
     cut = []
     for page in PAGES:
         browser.get(f"{site}/{page}/")
-        wait_for(lambda: browser.execute_script("return document.readyState") == "complete", 20)
+        wait_for(lambda: browser.execute_script("return document.readyState") == "complete", LOADED)
         blocks = browser.execute_script(
             """return [...document.querySelectorAll('article pre > code')].map((c) =>
                  [Math.max(...c.textContent.split('\\n').map((l) => l.length)),
@@ -175,7 +178,7 @@ def test_code_lines_of_100_columns_fit_at_1280_pixels(site: str, browser: Any) -
             assert scrolled <= width + 1 or overflow in ("auto", "scroll"), (page, text)
     assert cut == [], f"blocks of lines of 100 columns or less that do not fit: {cut}"
     browser.get(f"{site}/operations/")
-    wait_for(lambda: browser.execute_script("return document.readyState") == "complete", 20)
+    wait_for(lambda: browser.execute_script("return document.readyState") == "complete", LOADED)
     shot = Path(ROOT) / "build/docs-operations-1280.png"
     shot.parent.mkdir(parents=True, exist_ok=True)
     browser.save_screenshot(str(shot))
@@ -187,7 +190,7 @@ def test_search_finds_words_inside_identifiers(site: str, browser: Any, query: s
     from selenium.webdriver.common.by import By
 
     browser.get(f"{site}/reference/")
-    wait_for(lambda: browser.execute_script("return document.readyState") == "complete", 20)
+    wait_for(lambda: browser.execute_script("return document.readyState") == "complete", LOADED)
     browser.execute_script("document.getElementById('__search').checked = true")
     box = browser.find_element(By.CSS_SELECTOR, "input.md-search__input")
     box.send_keys(query)
@@ -198,12 +201,12 @@ def test_search_finds_words_inside_identifiers(site: str, browser: Any, query: s
         script = "return [...document.querySelectorAll('.md-search-result a')].map(a => a.href)"
         return list(browser.execute_script(script))
 
-    wait_for(lambda: any("/reference/#task-options" in href for href in found()), 20)
+    wait_for(lambda: any("/reference/#task-options" in href for href in found()), LOADED, found)
 
 
 def test_the_python_api_reference_is_rendered_from_the_docstrings(site: str, browser: Any) -> None:
     browser.get(f"{site}/api/#celery_funnel.FunnelTask")
-    wait_for(lambda: browser.execute_script("return document.readyState") == "complete", 20)
+    wait_for(lambda: browser.execute_script("return document.readyState") == "complete", LOADED)
     ids = set(
         browser.execute_script("return [...document.querySelectorAll('[id]')].map((e) => e.id)")
     )
