@@ -7,8 +7,6 @@ moves when workers start the tasks, not these.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 from celery_funnel._limiter.keys import fair_keys
@@ -88,15 +86,10 @@ class FairLog(Monitor):
         return [event for event in self.events if isinstance(event, Slot)]
 
 
-@contextmanager
-def fair_log(url: str, key: str) -> Iterator[FairLog]:
-    """A ``FairLog`` of fair funnel ``key`` on the Redis at ``url`` while the block runs."""
-    log = FairLog(url, key)
-    log.start()
-    try:
-        yield log
-    finally:
-        log.stop()
+def fair_log(url: str, key: str) -> FairLog:
+    """A ``FairLog`` of fair funnel ``key`` on the Redis at ``url``, monitoring while the
+    ``with`` block runs."""
+    return FairLog(url, key)
 
 
 def passed_over(log: FairLog, tenant: str) -> list[tuple[str, int, int]]:

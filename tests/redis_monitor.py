@@ -18,13 +18,14 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
 from tests.polling import wait_for
 
 US = 1_000_000
+Seen = TypeVar("Seen", bound="Monitor")
 # KEYS: the funnel keys to read; ARGV[1]: a mark for the monitor (ignored here)
 # reply: key, TAT (µs) pairs, for the keys that are strings (a funnel's TAT)
 SNAPSHOT = """
@@ -137,6 +138,14 @@ class Monitor:
     def check(self) -> None:
         """Fail if the monitor stopped before it was told to."""
         assert self.error is None, f"MONITOR failed: {self.error!r}"
+
+    def __enter__(self: Seen) -> Seen:
+        """Monitoring while the block runs."""
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 class FunnelLog(Monitor):
@@ -252,16 +261,10 @@ def booked_again_early(writes: Sequence[Write], slot: float) -> list[tuple[float
     ]
 
 
-@contextmanager
-def funnel_log(url: str, prefix: str) -> Iterator[FunnelLog]:
+def funnel_log(url: str, prefix: str) -> FunnelLog:
     """A ``FunnelLog`` of the funnel keys starting with ``prefix`` on the Redis at
-    ``url``, monitoring while the block runs."""
-    log = FunnelLog(url, prefix)
-    log.start()
-    try:
-        yield log
-    finally:
-        log.stop()
+    ``url``, monitoring while the ``with`` block runs."""
+    return FunnelLog(url, prefix)
 
 
 # a script's calls whose every argument is a key, and those with none; any other
@@ -306,9 +309,7 @@ def script_keys(url: str) -> Iterator[ScriptKeys]:
     """A ``ScriptKeys`` of the Redis at ``url`` while the block runs; first checked on
     a script given its key and one that touches a key it was not given (so a server
     that reports a script's calls in another order fails here, not silently)."""
-    seen = ScriptKeys(url)
-    seen.start()
-    try:
+    with ScriptKeys(url) as seen:
         with redis.Redis.from_url(url) as client:  # EVALSHA, as the package's calls
             client.register_script("return redis.call('EXISTS', KEYS[1])")(["script-keys-given"])
             client.register_script("return redis.call('EXISTS', 'script-keys-built')")()
@@ -319,8 +320,6 @@ def script_keys(url: str) -> Iterator[ScriptKeys]:
         seen.undeclared.clear()
         seen.calls = 0
         yield seen
-    finally:
-        seen.stop()
 
 
 class SeatLog(Monitor):

@@ -113,6 +113,16 @@ def standalone_url(server_pool: ServerPool) -> str:
 
 
 @pytest.fixture
+def project_app(redis_url: str, redis_client: redis.Redis) -> Iterator[Celery]:
+    """The test project's app (``tests.integration.proj``) on one Redis, emptied for the
+    test: its broker, funnels and results."""
+    redis_client.flushall()
+    app = make_app(redis_url, redis_url)
+    yield app
+    close_app(app)
+
+
+@pytest.fixture
 def broker() -> Iterator[RedisServer]:
     """A broker of the test's own (a private redis-server, stopped after the test)."""
     with RedisServer() as server:

@@ -22,6 +22,7 @@ from kombu.entity import Exchange, Queue
 
 from celery_funnel import FunnelTask, install, signals
 from celery_funnel._config.runtime import runtime_for
+from celery_funnel._shared.publish import close_producers
 from tests.broker_options import restore_options
 from tests.crash import arm
 
@@ -340,6 +341,7 @@ def close_app(app: Celery) -> None:
     if consumer is not None:
         consumer.stop()  # closes the pub/sub connection that letting them go opened
     app.backend.client.connection_pool.disconnect()  # the client does not own its pool
+    close_producers(app)  # an in-process worker's gate publishes on connections of its own
     runtime_for(app).close()
     app.close()
 

@@ -35,27 +35,19 @@ ONE_REDIS = True  # one Redis version is enough here (tests/conftest.py)
 
 
 @pytest.fixture
-def celery_app(redis_url: str, redis_client: redis.Redis) -> Iterator[Celery]:
-    redis_client.flushall()
-    app = make_app(redis_url, redis_url)
-    yield app
-    close_app(app)
-
-
-@pytest.fixture
-def worker(celery_app: Celery) -> Iterator[Any]:
+def worker(project_app: Celery) -> Iterator[Any]:
     with start_worker(
-        celery_app, pool="threads", concurrency=2, perform_ping_check=False, shutdown_timeout=10
+        project_app, pool="threads", concurrency=2, perform_ping_check=False, shutdown_timeout=10
     ) as w:
         yield w
 
 
 def test_throttled_tasks_run_once_each_at_the_funnel_rate(
-    celery_app: Celery, worker: Any, redis_url: str
+    project_app: Celery, worker: Any, redis_url: str
 ) -> None:
     key = task_key("funnel:", "proj.limited")
     with funnel_log(redis_url, key) as log:
-        results = [celery_app.tasks["proj.limited"].delay(i) for i in range(8)]
+        results = [project_app.tasks["proj.limited"].delay(i) for i in range(8)]
         assert sorted(r.get(timeout=20) for r in results) == list(range(8))
     recorded = runs(redis_url)
     assert sorted(r["args"][0] for r in recorded) == list(range(8))  # each ran once
@@ -82,12 +74,12 @@ def test_throttled_tasks_run_once_each_at_the_funnel_rate(
 
 
 def test_the_worker_gate_defers_a_funnel_task_before_start_sees_it(
-    celery_app: Celery, redis_url: str
+    project_app: Celery, redis_url: str
 ) -> None:
     """The worker gate, not ``FunnelTask.before_start``, decides a FunnelTask's runs:
     ``before_start`` is reached once per task, only by runs that carry the gate's mark
     (so it never judged, deferred or waited in place), and yet runs were deferred."""
-    limited = celery_app.tasks["proj.limited"]  # 10/s, capacity 1
+    limited = project_app.tasks["proj.limited"]  # 10/s, capacity 1
     original = limited.before_start
     seen: list[tuple[str, bool]] = []  # (task id, admitted by this worker's gate)
 
@@ -96,7 +88,7 @@ def test_the_worker_gate_defers_a_funnel_task_before_start_sees_it(
         original(task_id, args, kwargs)
 
     limited.before_start = before_start  # the tracer, built at the first run, takes it
-    with start_worker(celery_app, pool="threads", concurrency=2, perform_ping_check=False):
+    with start_worker(project_app, pool="threads", concurrency=2, perform_ping_check=False):
         results = [limited.delay(i) for i in range(4)]
         assert [r.get(timeout=20) for r in results] == [0, 1, 2, 3]
     judged = [task_id for task_id, admitted in seen if not admitted]
@@ -106,11 +98,11 @@ def test_the_worker_gate_defers_a_funnel_task_before_start_sees_it(
 
 
 def test_deferral_keeps_chain_links_headers_queue_and_priority(
-    celery_app: Celery, redis_url: str
+    project_app: Celery, redis_url: str
 ) -> None:
-    limited, collect = celery_app.tasks["proj.limited"], celery_app.tasks["proj.collect"]
+    limited, collect = project_app.tasks["proj.limited"], project_app.tasks["proj.collect"]
     with start_worker(
-        celery_app, pool="threads", concurrency=2, perform_ping_check=False,
+        project_app, pool="threads", concurrency=2, perform_ping_check=False,
         shutdown_timeout=10, queues=["other"],
     ):  # fmt: skip
         first = limited.apply_async((1,), queue="other", priority=3, headers={"x-trace": "t1"})
@@ -134,9 +126,9 @@ def test_deferral_keeps_chain_links_headers_queue_and_priority(
 
 
 def test_chord_completes_after_deferrals(
-    celery_app: Celery, worker: Any, redis_url: str, redis_client: redis.Redis
+    project_app: Celery, worker: Any, redis_url: str, redis_client: redis.Redis
 ) -> None:
-    limited, collect = celery_app.tasks["proj.limited"], celery_app.tasks["proj.collect"]
+    limited, collect = project_app.tasks["proj.limited"], project_app.tasks["proj.collect"]
     # another client takes the funnel's next 0.5 s (5 units of 10/s), so that every
     # member is deferred however late the worker receives it. Was: >= 4 deferrals of
     # the 5, which needed the worker to receive them within 0.1 s of each other
@@ -150,38 +142,38 @@ def test_chord_completes_after_deferrals(
     assert [r["name"] for r in recorded].count("proj.collect") == 1
 
 
-def test_cost_that_can_never_fit_fails_at_once(celery_app: Celery, worker: Any) -> None:
-    result = celery_app.tasks["proj.costly"].delay(3)  # capacity 2
+def test_cost_that_can_never_fit_fails_at_once(project_app: Celery, worker: Any) -> None:
+    result = project_app.tasks["proj.costly"].delay(3)  # capacity 2
     with pytest.raises(
         CostTooHighError,
         match=r"task proj\.costly\[.+\] costs \[3\] units .* hold \[2\]: it can never run",
     ) as info:
         result.get(timeout=20)
     assert type(info.value).__name__ == "CostTooHighError"
-    assert celery_app.tasks["proj.costly"].delay(2).get(timeout=20) == 2
+    assert project_app.tasks["proj.costly"].delay(2).get(timeout=20) == 2
 
 
-def test_retries_untouched_and_on_retry_not_called(celery_app: Celery, redis_url: str) -> None:
+def test_retries_untouched_and_on_retry_not_called(project_app: Celery, redis_url: str) -> None:
     calls: list[str] = []
-    limited = celery_app.tasks["proj.limited"]
+    limited = project_app.tasks["proj.limited"]
     limited.on_retry = lambda *a: calls.append("on_retry")
-    with start_worker(celery_app, pool="threads", concurrency=2, perform_ping_check=False):
+    with start_worker(project_app, pool="threads", concurrency=2, perform_ping_check=False):
         results = [limited.delay(i) for i in range(4)]
         assert [r.get(timeout=20) for r in results] == [0, 1, 2, 3]
     assert calls == []
     assert {r["retries"] for r in runs(redis_url)} == {0}
 
 
-def test_direct_calls_and_eager_mode_are_not_throttled(celery_app: Celery) -> None:
-    limited = celery_app.tasks["proj.limited"]
+def test_direct_calls_and_eager_mode_are_not_throttled(project_app: Celery) -> None:
+    limited = project_app.tasks["proj.limited"]
     assert [limited(i) for i in range(5)] == list(range(5))
     assert [limited.apply((i,)).get() for i in range(5)] == list(range(5))
 
 
 def test_per_customer_keys_are_separate_funnels(
-    celery_app: Celery, worker: Any, redis_url: str
+    project_app: Celery, worker: Any, redis_url: str
 ) -> None:
-    task = celery_app.tasks["proj.per_customer"]
+    task = project_app.tasks["proj.per_customer"]
     results = [task.delay(customer, i) for i, customer in enumerate(["a", "b", "c"])]
     assert [r.get(timeout=20) for r in results] == [0, 1, 2]
     assert all(r["deferrals"] == 0 for r in runs(redis_url)), "one task per funnel: no waiting"
@@ -275,9 +267,9 @@ def waited_at_the_cap(writes: list[Write], copies: list[dict[str, Any]], run: An
 
 
 def test_an_upstream_429_holds_the_funnel_for_every_task(
-    celery_app: Celery, worker: Any, redis_url: str, redis_client: redis.Redis
+    project_app: Celery, worker: Any, redis_url: str, redis_client: redis.Redis
 ) -> None:
-    upstream = celery_app.tasks["proj.upstream"]  # 100/s, capacity 5
+    upstream = project_app.tasks["proj.upstream"]  # 100/s, capacity 5
     key = task_key("funnel:", "proj.upstream")
     with funnel_log(redis_url, key) as log:
         first = upstream.delay(0)  # meets a 429, Retry-After 1 s
@@ -319,9 +311,9 @@ def test_a_retry_after_of_zero_defers_without_holding(redis_url: str) -> None:
 
 
 def test_several_limits_on_one_task_hold_all_at_once(
-    celery_app: Celery, worker: Any, redis_url: str
+    project_app: Celery, worker: Any, redis_url: str
 ) -> None:
-    task = celery_app.tasks["proj.two_limits"]  # per customer 5/s; 4/s over all
+    task = project_app.tasks["proj.two_limits"]  # per customer 5/s; 4/s over all
     prefix = task_key("funnel:", "proj.two_limits")
     with funnel_log(redis_url, prefix) as log:
         results = [task.delay(customer, i) for i, customer in enumerate("ababab")]

@@ -109,6 +109,13 @@ def handed(log: FairLog, inc: float) -> list[Slot]:
     return slots
 
 
+def ran_in_their_slots(cluster: Cluster, log: FairLog, task: str, until: float) -> None:
+    """``started_in_their_slots`` for ``task``'s runs, its slots 50 ms apart (20/s); then
+    nothing of ``task`` is left for the next test."""
+    started_in_their_slots(cluster.runs(task), handed(log, 0.05), until)
+    cluster.drain(task)
+
+
 def started_in_their_slots(runs: list[dict[str, Any]], slots: list[Slot], until: float) -> None:
     """Each task ran once, and every run that started before ``until`` (the end of the
     log) from a slot the log saw handed, none before that slot less the early grace
@@ -211,8 +218,7 @@ def test_weights_share_a_saturated_funnel(cluster: Cluster) -> None:
     assert len(order) >= 20, f"too few turns while both waited: {order}"
     off = shares(order, weights)
     assert off == [], f"{len(off)} turns off their share, first {off[:3]}: {order[:40]}"
-    started_in_their_slots(cluster.runs("fair.weighted"), handed(log, 0.05), until)
-    cluster.drain("fair.weighted")
+    ran_in_their_slots(cluster, log, "fair.weighted", until)
 
 
 def test_higher_priority_waiting_tasks_start_first(cluster: Cluster) -> None:
@@ -242,8 +248,7 @@ def test_higher_priority_waiting_tasks_start_first(cluster: Cluster) -> None:
     assert passed_over == [], (
         f"low-priority tasks served while a high one waited: {len(passed_over)}, {passed_over[:3]}"
     )
-    started_in_their_slots(cluster.runs("fair.priority"), handed(log, 0.05), until)
-    cluster.drain("fair.priority")
+    ran_in_their_slots(cluster, log, "fair.priority", until)
 
 
 def test_many_tenants_with_one_task_each_release_at_the_limit(cluster: Cluster) -> None:

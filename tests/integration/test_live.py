@@ -276,19 +276,33 @@ def test_pause_stops_admissions_and_resume_runs_every_task_once(
         resuming, _, _ = cluster.cli("resume", TASK)
         feed.all_ran()
     decided = paces(log)
-    during = [w.at - written for w, _ in decided if written <= w.at < resuming]
-    late = admitted_between(cluster, 10000, written + HANG, resuming)
-    record_property("last_decision_after_pause", max(during, default=0.0))
+    last = paused(cluster, log, (10000, feed.count), (written, resuming), parked)
+    record_property("last_decision_after_pause", last)
     print(
-        f"measured: last decision {max(during, default=0.0):.3f} s after the pause was"
-        f" written (Redis's clock); {parked} of {feed.count} parked at resume;"
-        f" {len(decided)} decisions"
+        f"measured: last decision {last:.3f} s after the pause was written (Redis's"
+        f" clock); {parked} of {feed.count} parked at resume; {len(decided)} decisions"
     )
-    assert [at for at in during if at > HANG] == [], f"no decision while paused:\n{shown(log)}"
-    assert late == [], "no admission while paused"
-    assert parked > 0, "the pause held tasks back"
-    once_each(cluster, 10000, feed.count)
     assert {pace for w, pace in decided} == {FAST}, f"at the code's 20/s:\n{shown(log)}"
+
+
+def paused(
+    cluster: Cluster,
+    log: FunnelLog,
+    tasks: tuple[int, int],
+    span: tuple[float, float],
+    parked: int,
+) -> float:
+    """A pause held, from ``span[0]`` (when it was written) to ``span[1]``: no decision on
+    the funnel (Redis's clock) and no admission by a gate from ``HANG`` after it was
+    written; tasks parked; the tasks numbered ``tasks`` (first, count) each ran once.
+    Returns how long after it was written the last decision came (s)."""
+    (first, count), (start, end) = tasks, span
+    during = [w.at - start for w, _ in paces(log) if start <= w.at < end]
+    assert [at for at in during if at > HANG] == [], f"no decision while paused:\n{shown(log)}"
+    assert admitted_between(cluster, first, start + HANG, end) == [], "no admission while paused"
+    assert parked > 0, "the pause held tasks back"
+    once_each(cluster, first, count)
+    return max(during, default=0.0)
 
 
 def test_without_the_token_nothing_is_shown_and_the_controls_refuse(
@@ -381,17 +395,12 @@ def test_the_dashboard_in_a_browser_shows_charts_and_pauses_a_funnel(
             feed.all_ran()
     finally:
         browser.quit()
-    during = [w.at - paused_at for w, _ in paces(log) if paused_at <= w.at < unsetting]
-    late = admitted_between(cluster, 20000, paused_at + HANG, unsetting)
+    last = paused(cluster, log, (20000, feed.count), (paused_at, unsetting), parked)
     print(
         f"measured: pause clicked; written {paused_at - clicked:.3f} s after the click;"
-        f" last decision {max(during, default=0.0):.3f} s after it (Redis's clock);"
-        f" {parked} of {feed.count} parked at unset"
+        f" last decision {last:.3f} s after it (Redis's clock); {parked} of {feed.count}"
+        " parked at unset"
     )
-    assert [at for at in during if at > HANG] == [], f"no decision while paused:\n{shown(log)}"
-    assert late == [], "no admission while paused"
-    assert parked > 0, "the pause held tasks back"
-    once_each(cluster, 20000, feed.count)
 
 
 def test_status_metrics_and_series_show_overrides_and_parked_counts(cluster: Cluster) -> None:

@@ -12,34 +12,25 @@ makes a new copy (a new token), or finds that the first one landed.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
 from celery import Celery
 
-from celery_funnel._shared.publish import close_producers, publish_message
+from celery_funnel._shared.publish import publish_message
 from celery_funnel._stores.park import capture
-from tests.integration.proj import close_app, make_app
 
 pytestmark = pytest.mark.redis
 ONE_REDIS = True  # one Redis version is enough here (tests/conftest.py)
 
 
-@pytest.fixture
-def app(redis_url: str, redis_client: redis.Redis) -> Iterator[Celery]:
-    redis_client.flushall()
-    app = make_app(redis_url, redis_url)
-    yield app
-    close_producers(app)
-    close_app(app)
-
-
 def test_a_publish_whose_reply_is_lost_is_pushed_once(
-    app: Celery, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+    project_app: Celery, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    message = capture(app.tasks["proj.limited"].s(1), {}, ignore_result=True, add_to_parent=False)
+    message = capture(
+        project_app.tasks["proj.limited"].s(1), {}, ignore_result=True, add_to_parent=False
+    )
     pushes: list[tuple[Any, ...]] = []
     push = redis.Redis.lpush
 
@@ -53,9 +44,9 @@ def test_a_publish_whose_reply_is_lost_is_pushed_once(
 
     monkeypatch.setattr(redis.Redis, "lpush", lost_reply)
     with pytest.raises(Exception, match="died before it replied"):
-        publish_message(app, message)
+        publish_message(project_app, message)
     assert len(pushes) == 1, "published again under the same copy token"
     assert redis_client.llen("proj") == 1
     monkeypatch.undo()
-    publish_message(app, message)  # the next publish finds the broker again
+    publish_message(project_app, message)  # the next publish finds the broker again
     assert redis_client.llen("proj") == 2

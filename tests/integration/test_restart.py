@@ -30,13 +30,8 @@ AOF_ALWAYS = ("--appendonly", "yes", "--appendfsync", "always")
 
 
 @pytest.fixture
-def broker() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
-
-
-@pytest.fixture
 def store() -> Iterator[RedisServer]:
+    """A Redis of the test's own for run records (the broker is ``conftest``'s)."""
     with RedisServer() as server:
         yield server
 
