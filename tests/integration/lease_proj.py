@@ -56,8 +56,16 @@ def make_app(broker_url: str, funnel_url: str, queue: str = "leases", **conf: An
         body(self, seconds)
 
     @limited("leases.per_key", funnel_concurrency=2, funnel_key="{customer}")
-    def per_key(self: Any, customer: str, seconds: float) -> None:
-        body(self, seconds, key=customer)
+    def per_key(self: Any, customer: str, seconds: float, until: str = "") -> None:
+        if not until:
+            body(self, seconds, key=customer)
+            return
+        # holds its seat until the test sets the key ``until`` (at most 120 s)
+        mark(self, STARTS, key=customer)
+        deadline = time.monotonic() + 120.0
+        while not store.exists(until) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        mark(self, ENDS, key=customer)
 
     @limited("leases.both", funnel_concurrency=2, funnel_rate="5/s")
     def both(self: Any, seconds: float) -> None:

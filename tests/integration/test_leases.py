@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,12 +26,14 @@ import redis
 from celery import Celery
 
 from celery_funnel._limiter.keys import task_key
+from celery_funnel._limiter.strategies.reservation import DEFAULT_EARLY_SECONDS
 from celery_funnel._stores.concurrency import ConcurrencyFunnel, ConcurrencyStore, Holder
 from celery_funnel.dashboard._state import funnel_state
 from celery_funnel.testing import CeleryWorkers, RedisServer, peak
 from tests.integration.lease_proj import ENDS, STARTS, make_app
 from tests.integration.proj import close_app
 from tests.polling import wait_for
+from tests.redis_monitor import funnel_log, one_slot_each, started_early
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -137,8 +140,10 @@ def test_three_at_once_over_two_workers_of_four_processes(cluster: Cluster) -> N
     print(f"\nconcurrency 3, 2x4 processes, 60 x 0.2 s: peak {most}, {throughput:.2f} tasks/s")
     assert len(starts) == 60  # each ran once
     assert most == 3
-    assert throughput > 0.5 * 3 / 0.2  # loosely: the machine is shared (15/s at best)
-    wait_for(lambda: cluster.holders("leases.three") == [], 10)  # given back after the body
+    # every seat given back after its body (the leases last LONG_TTL: a seat kept would
+    # still be held). Was also: > 7.5 tasks/s, how fast a loaded machine runs them (the
+    # speed is bench's; a seat given back late is test_every_ending_gives_the_slot_back's)
+    wait_for(lambda: cluster.holders("leases.three") == [], 10)
 
 
 def test_per_key(cluster: Cluster) -> None:
@@ -155,8 +160,32 @@ def test_per_key(cluster: Cluster) -> None:
     )
     assert all(most <= 2 for most in peaks.values())
     assert max(peaks.values()) == 2
-    assert running_peak(cluster) > 2  # the keys do not share their slots
     wait_for(lambda: all(cluster.holders("leases.per_key", key) == [] for key in keys), 10)
+
+
+def test_a_full_key_leaves_the_other_keys_free(cluster: Cluster) -> None:
+    """funnel_concurrency=2 with funnel_key: while two runs of one key hold its seats
+    (until the test lets them end), the tasks of four other keys all run. Was: more
+    than 2 running at once over the keys (how the pool happened to overlap them on a
+    loaded machine, not whether the keys share their seats)."""
+    cluster.clear()
+    go = f"go-{uuid.uuid4().hex}"
+    holding = [cluster.app.send_task("leases.per_key", ("c0", 0.0, go)).id for _ in range(2)]
+    try:
+        started = lambda: {r["id"] for r in cluster.records(STARTS)}  # noqa: E731
+        wait_for(lambda: started() >= set(holding), 60)
+        sent = [
+            cluster.app.send_task("leases.per_key", (f"c{1 + n % 4}", 0.0)).id for n in range(8)
+        ]  # fmt: skip
+        wait_for(
+            lambda: ended_ids(cluster) >= set(sent), 60,
+            lambda: f"not run while c0 was full: {set(sent) - ended_ids(cluster)}",
+        )  # fmt: skip
+        assert not ended_ids(cluster) & set(holding), "c0's runs held their seats throughout"
+    finally:
+        cluster.client.set(go, 1, ex=600)
+    wait_for(lambda: ended_ids(cluster) >= set(holding), 60)
+    wait_for(lambda: cluster.holders("leases.per_key", "c0") == [], 10)
 
 
 def test_a_worker_wide_limit_per_worker(cluster: Cluster) -> None:
@@ -173,20 +202,26 @@ def test_a_worker_wide_limit_per_worker(cluster: Cluster) -> None:
 
 def test_rate_and_concurrency_both_hold(cluster: Cluster) -> None:
     """funnel_concurrency=2 and funnel_rate="5/s" on one task: 15 tasks of 0.3 s (the
-    slots alone would start 6.7/s): never more than 2 running, never more than 5
-    starts in a second (6 with the records' jitter at a window's edge)."""
+    seats alone would start 6.7/s): never more than 2 running; the rate read from the
+    funnel's decisions on Redis's clock: one 0.2 s slot a run, no run before its slot.
+    Was: at most 6 starts in any second and a span of starts of at least 2.5 s (the
+    pool's dispatch on a loaded machine bunches and stretches starts)."""
     cluster.clear()
-    sent = [cluster.app.send_task("leases.both", (0.3,)).id for _ in range(15)]
-    wait_for(lambda: ended_ids(cluster) >= set(sent), 60)
+    key = task_key(PREFIX, "leases.both")
+    with funnel_log(cluster.url, key) as log:
+        sent = [cluster.app.send_task("leases.both", (0.3,)).id for _ in range(15)]
+        wait_for(lambda: ended_ids(cluster) >= set(sent), 60)
     starts = [r["at"] for r in cluster.records(STARTS)]
-    most, per_second = running_peak(cluster), peak(starts, 1.0)
-    span = max(starts) - min(starts)
-    print(f"\nconcurrency 2 + 5/s, 15 x 0.3 s: peak {most}, {per_second} starts in 1 s,"
-          f" {(len(starts) - 1) / span:.2f} starts/s")  # fmt: skip
+    most = running_peak(cluster)
+    writes = log.decisions(key)
+    slots = one_slot_each(writes, 0.2, before=log.first_tat(key))
+    print(f"\nconcurrency 2 + 5/s, 15 x 0.3 s: peak {most}, {len(writes)} decisions,"
+          f" {peak(slots)} slots in 1 s")  # fmt: skip
     assert len(starts) == 15
     assert most <= 2
-    assert per_second <= 6
-    assert span >= 14 / 5 * 0.9  # 15 starts at 5/s span 2.8 s
+    assert len(writes) >= 15, "a decision for each run"
+    assert peak(slots) <= 6, "5/s, capacity 1"
+    assert started_early(starts, slots, DEFAULT_EARLY_SECONDS) == [], "a run before its slot"
 
 
 ENDINGS = ["success", "fail", "retry", "reject", "ignore", "soft", "hard", "terminate"]
