@@ -1,6 +1,7 @@
 """The broker's priority first, under any funnel: 20 urgent tasks sent behind 200 less
-urgent ones of a plain 20/s FunnelTask start within 3 s of being sent, on a Redis
-broker (0 first) and on RabbitMQ (the larger number first); every task runs once.
+urgent ones of a plain 20/s FunnelTask start within 3 s of the funnel's slots (at most
+60 backlog runs go first), on a Redis broker (0 first) and on RabbitMQ (the larger
+number first); every task runs once.
 
 Without priority the last urgent task started 8.7 s after it was sent (arrival order):
 each urgent booking now takes the earliest slot booked by a less urgent task
@@ -50,10 +51,21 @@ def run_urgent_behind_backlog(broker: str, url: str, low: int, high: int) -> Non
             for n in range(BACKLOG, BACKLOG + URGENT):
                 sent[n] = time.time()
                 task.apply_async(("t", n), priority=high)
-            wait_for(lambda: sum(r["n"] >= BACKLOG for r in fair_runs(url, TASK)) == URGENT, 30)
-            urgent = [r for r in fair_runs(url, TASK) if r["n"] >= BACKLOG]
-            late = {r["n"]: round(r["at"] - sent[r["n"]], 2) for r in urgent}
-            assert max(late.values()) <= 3.0, f"urgent tasks started late: {late}"
+            wait_for(lambda: sum(r["n"] >= BACKLOG for r in fair_runs(url, TASK)) == URGENT, 120)
+            recorded = fair_runs(url, TASK)
+            last = max(r["at"] for r in recorded if r["n"] >= BACKLOG)
+            # counted in the funnel's slots, not seconds: at most 60 backlog runs (3 s
+            # at 20/s) started between the first urgent send and the last urgent start;
+            # in arrival order every backlog task still waiting would. Was: each urgent
+            # task started within 3 s of its send (a loaded machine starts them later)
+            passed = [
+                r["n"]
+                for r in recorded
+                if r["n"] < BACKLOG and min(sent.values()) <= r["at"] <= last
+            ]
+            waiting = BACKLOG - sum(r["at"] < min(sent.values()) for r in recorded)
+            print(f"\n{len(passed)} backlog runs before the last urgent one; {waiting} waited")
+            assert len(passed) <= 60, f"{len(passed)} backlog runs went first of {waiting}"
             # every task ran, and none waits parked to run again
             wait_for(
                 lambda: (

@@ -14,7 +14,6 @@ import re
 from pathlib import Path
 
 import pytest
-import redis
 
 from celery_funnel.testing import CeleryWorkers, RedisServer, free_port
 from tests.integration.proj import close_app, make_app, runs
@@ -61,13 +60,13 @@ def test_a_worker_whose_funnels_redis_never_answered_names_the_setting(
         close_app(app)
 
 
-def test_one_line_says_where_tasks_are_parked_on_the_brokers_redis(standalone_url: str) -> None:
-    """The funnels on the broker's own Redis server, without an append-only file."""
-    with redis.Redis.from_url(standalone_url) as client:
-        client.config_set("appendonly", "no")
-    env = {"FUNNEL_TEST_BROKER": standalone_url, "FUNNEL_TEST_REDIS": standalone_url}
-    with CeleryWorkers("tests.integration.proj", 1, env, "-P", "solo", cwd=ROOT) as workers:
-        logs = workers.logs()
+def test_one_line_says_where_tasks_are_parked_on_the_brokers_redis() -> None:
+    """The funnels on the broker's own Redis server, without an append-only file (a
+    server of its own: the pool's servers keep theirs for the tests that park there)."""
+    with RedisServer() as broker:
+        env = {"FUNNEL_TEST_BROKER": broker.url, "FUNNEL_TEST_REDIS": broker.url}
+        with CeleryWorkers("tests.integration.proj", 1, env, "-P", "solo", cwd=ROOT) as workers:
+            logs = workers.logs()
     said = [line for line in logs.splitlines() if "celery-funnel" in line and "parked" in line]
     assert len(said) == 1, said
     assert "parking is on: the funnels' Redis is the broker's own Redis server" in said[0]
