@@ -33,6 +33,13 @@ def worker_env(amqp_url: str, redis_url: str, queue: str, **more: str) -> dict[s
     }  # fmt: skip
 
 
+def rabbit_workers(env: dict[str, str], queue: str) -> CeleryWorkers:
+    """Two workers of ``tests.integration.proj`` (2 processes each) consuming ``queue``."""
+    return CeleryWorkers(
+        "tests.integration.proj", 2, env, "-c", "2", "-Q", queue, cwd=ROOT, prefix=f"{queue}-w"
+    )
+
+
 @pytest.mark.parametrize("quorum", [False, True], ids=["classic", "quorum"])
 def test_two_workers_share_one_funnel_on_rabbitmq(
     amqp_url: str, redis_url: str, redis_client: redis.Redis, quorum: bool
@@ -43,13 +50,7 @@ def test_two_workers_share_one_funnel_on_rabbitmq(
     app = make_app(amqp_url, redis_url, queue=queue, quorum=quorum)
     try:
         key = task_key("funnel:", "proj.limited")
-        with (
-            funnel_log(redis_url, key) as log,
-            CeleryWorkers(
-                "tests.integration.proj", 2, env, "-c", "2", "-Q", queue, cwd=ROOT,
-                prefix=f"{queue}-w",
-            ),
-        ):  # fmt: skip
+        with funnel_log(redis_url, key) as log, rabbit_workers(env, queue):
             results = [app.tasks["proj.limited"].delay(i) for i in range(20)]
             assert sorted(r.get(timeout=90) for r in results) == list(range(20))
         recorded = [r for r in runs(redis_url) if r["name"] == "proj.limited"]

@@ -9,6 +9,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from celery_funnel import signals as funnel_signals
 from celery_funnel._limiter.keys import limit_key, task_key
 from celery_funnel._limiter.strategies.reservation import DEFAULT_EARLY_SECONDS
 from celery_funnel.testing import CeleryWorkers, RedisServer
+from tests import redis_monitor
 from tests.integration.proj import close_app, make_app, runs
 from tests.polling import wait_for
 from tests.redis_monitor import booked_again_early, funnel_log, one_slot_each, started_early
@@ -367,6 +369,17 @@ def test_a_gate_error_fails_that_task_and_the_worker_runs_on(
     assert len(lines) == 1, [r.getMessage() for r in lines]
 
 
+@contextmanager
+def plain_worker(app: Celery, url: str) -> Iterator[redis_monitor.FunnelLog]:
+    """A worker of ``app`` in this process (2 threads) and the log of the decisions of
+    ``proj.plain``'s ``funnel_limits`` funnel while it runs."""
+    with (
+        funnel_log(url, limit_key("funnel:", "proj.plain")) as log,
+        start_worker(app, pool="threads", concurrency=2, perform_ping_check=False),
+    ):
+        yield log
+
+
 def test_a_task_that_expires_while_it_waits_books_nothing_and_ends_expired(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
@@ -383,10 +396,7 @@ def test_a_task_that_expires_while_it_waits_books_nothing_and_ends_expired(
     signals.task_revoked.connect(on_revoked, weak=False)
     key = limit_key("funnel:", "proj.plain")
     try:
-        with (
-            funnel_log(redis_url, key) as log,
-            start_worker(app, pool="threads", concurrency=2, perform_ping_check=False),
-        ):
+        with plain_worker(app, redis_url) as log:
             plain = app.tasks["proj.plain"]
             first = plain.delay(0)
             assert first.get(timeout=30) == 0
@@ -455,10 +465,7 @@ def test_a_task_revoked_while_held_ends_at_once_and_gives_its_slot_back(
     signals.task_revoked.connect(on_revoked, weak=False)
     key = limit_key("funnel:", "proj.plain")
     try:
-        with (
-            funnel_log(redis_url, key) as log,
-            start_worker(app, pool="threads", concurrency=2, perform_ping_check=False),
-        ):
+        with plain_worker(app, redis_url) as log:
             plain = app.tasks["proj.plain"]
             first, second, third = (plain.delay(n) for n in range(3))
             wait_for(lambda: third.id in deferred)

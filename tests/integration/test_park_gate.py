@@ -24,6 +24,7 @@ from celery_funnel._stores.park import ParkStore
 from celery_funnel.testing import CeleryWorkers, RedisServer, peak
 from tests.integration.conftest import nothing_left
 from tests.integration.proj import close_app, make_app, runs
+from tests.integration.test_celery_rabbitmq import rabbit_workers
 from tests.integration.test_one_gate import (
     LONG_WAITS,
     ROOT,
@@ -172,13 +173,7 @@ def test_parked_tasks_are_released_to_their_rabbitmq_queue(
     app = make_app(amqp_url, standalone_url, queue=queue, quorum=quorum, task_ignore_result=True)
     try:
         key = task_key("funnel:", "proj.steady")
-        with (
-            funnel_log(standalone_url, key) as log,
-            CeleryWorkers(
-                "tests.integration.proj", 2, env, "-c", "2", "-Q", queue, cwd=ROOT,
-                prefix=f"{queue}-w",
-            ),
-        ):  # fmt: skip
+        with funnel_log(standalone_url, key) as log, rabbit_workers(env, queue):
             sent = send(app, "proj.steady", 30)
             wait_for(partial(ran_at_least, standalone_url, 30), 90)
         recorded = once_each(standalone_url, "proj.steady", set(sent))
