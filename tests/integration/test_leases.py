@@ -318,10 +318,11 @@ def test_status_and_release_lease(cluster: Cluster) -> None:
 TTL = 3.0  # the lease of the SIGKILL test: renewed every TTL / 3
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def short_leases(server: RedisServer) -> Iterator[Cluster]:
     """Two workers of two pool processes, leases of 3 s, acks_late with a 5 s
-    visibility timeout (the runs a SIGKILL ends come back)."""
+    visibility timeout (the runs a SIGKILL ends come back); new for each test (a test
+    kills or stops one: the next must not depend on which ran first)."""
     group = workers(
         server.url, 2, 2, "k", FUNNEL_TEST_LEASE_TTL=str(TTL), FUNNEL_TEST_VISIBILITY="5"
     )
@@ -364,7 +365,7 @@ def test_sigkill_of_a_worker_holding_slots(short_leases: Cluster) -> None:
 
 
 def test_warm_shutdown_gives_the_slots_back(short_leases: Cluster) -> None:
-    """The worker left is stopped (SIGTERM, warm) while it runs a task: the run ends
+    """The worker that runs a task is stopped (SIGTERM, warm) meanwhile: the run ends
     and its slot is given back; nothing is held after."""
     cluster = short_leases
     cluster.clear()
@@ -372,13 +373,13 @@ def test_warm_shutdown_gives_the_slots_back(short_leases: Cluster) -> None:
     wait_for(
         lambda: any(h.task_id == sent.id and h.token for h in cluster.holders("leases.three")), 20
     )
-    # the seat is taken before the run reaches a pool process: wait until it runs (a run
-    # the SIGKILL above left un-acked may come back to this worker and run meanwhile)
+    # the seat is taken before the run reaches a pool process: wait until it runs
     wait_for(lambda: sent.id in {r["id"] for r in cluster.records(STARTS)}, 20)
-    survivor = cluster.workers.processes[1]
-    survivor.terminate()
+    runner = next(r["worker"] for r in cluster.records(STARTS) if r["id"] == sent.id)
+    stopped = cluster.workers.processes[0 if runner.startswith("k1@") else 1]
+    stopped.terminate()
     try:
-        survivor.wait(30)
+        stopped.wait(30)
     except subprocess.TimeoutExpired:
         logs = cluster.workers.logs()[-4000:]
         raise AssertionError(f"no warm shutdown in 30 s:\n{logs}") from None
