@@ -73,7 +73,9 @@ class Monitor:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self._client = redis.Redis.from_url(url)
+        # no read timeout: a quiet server (a test starting its processes) sends the
+        # monitor nothing for a while; redis-py 8 reads with a 5 s timeout by default
+        self._client = redis.Redis.from_url(url, socket_timeout=None)
         self._stop = threading.Event()
         self._marks: set[str] = set()
         self._count = itertools.count()

@@ -196,11 +196,15 @@ def test_fair_share_holds(shared: Shared) -> None:
     key = runtime_for(shared.app).task_key("bp.fair", "")
     with fair_log(shared.funnels, key) as log:
         shared.send("bp.fair", 400, tenant="big")
-        wait_for(lambda: shared.queued() == 0 and shared.parked() >= 300, 60)
+        # deadlines that detect a hang (a loaded machine parks 400 in well under 60 s)
+        wait_for(
+            lambda: shared.queued() == 0 and shared.parked() >= 300, 300,
+            lambda: f"{shared.queued()} queued, {shared.parked()} parked",
+        )  # fmt: skip
         sent = time.time()
         shared.send("bp.fair", 20, first=1000, tenant="small")
         small = partial(started_of, shared, "small")
-        wait_for(lambda: len(small()) >= 20, 60)
+        wait_for(lambda: len(small()) >= 20, 300, lambda: f"{len(small())} of 20 started")
     print(f"measured: the small tenant's last start {max(small()) - sent:.2f} s after its send")
     behind = passed_over(log, "small")
     assert behind == [], f"the small tenant's tasks waited behind more: {behind[:3]}"

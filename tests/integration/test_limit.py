@@ -52,8 +52,11 @@ async def test_every_store_raises_skips_and_waits_alike(
     assert info.value.funnel == f"funnel:{{{key}}}"
     assert await maybe() is None
     block = any_funnel.limit("10/s", name=f"{key}:block")
+    # read before the first call is decided (after it, a loaded machine's delay would
+    # shorten the wait measured)
+    start = time.monotonic()
     async with block:
-        start = time.monotonic()
+        pass
     async with block:  # its slot is booked 0.1 s after the first
         assert time.monotonic() - start >= 0.09
 
@@ -84,11 +87,15 @@ async def test_two_hundred_coroutines_start_at_the_funnel_rate(server_pool: Serv
     assert len({w.key for w in writes}) == 1, {w.key for w in writes}
     # a decision may run from max(now, its TAT - tau): when the funnel is full, its slot
     slots = sorted(max(w.at, w.tat - tau) for w in writes)
-    moved = [round((b.tat - a.tat) * 1e6) for a, b in itertools.pairwise(writes)]
     print(f"measured: {peak(slots)} slots in a second; {peak(starts)} starts")
     assert len(writes) == len(starts) == 200, "one decision per call, each ran once"
-    # exactly 50/s from the sixth on (was: 50/s +-5 % on start times)
-    assert moved == [20_000] * 199, "each decision one slot of 50/s after the one before"
+    # each decision one slot of 50/s: from the TAT before, or from its now when a
+    # loaded event loop called after the TAT had passed (the script's now is read
+    # within its call, at most 5 ms before Redis stamped the write). Was: every move
+    # exactly 20 ms after the TAT before (how fast the loop called, not the funnel)
+    moved = [round(step * 1e6) for _, step in log.steps(writes[0].key)]
+    odd = [step for step in moved if not 15_000 <= step <= 20_002]
+    assert odd == [], "each decision one slot of 50/s after the one before or its now"
     assert peak(slots) <= 55
     # none ran before its slot (a load only makes them later): the n-th start comes
     # at or after the n-th slot

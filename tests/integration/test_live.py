@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ import redis
 from prometheus_client import CollectorRegistry
 
 from celery_funnel import Rate, control, prometheus
-from celery_funnel._limiter.keys import task_key
+from celery_funnel._limiter.keys import live_key, task_key
 from celery_funnel._limiter.limit import Limit
 from celery_funnel._ops.control import REBASE
 from celery_funnel._ops.live import LiveThread
@@ -52,6 +53,7 @@ pytestmark = [pytest.mark.redis, pytest.mark.slow]
 # of one, made with CELERY_FUNNEL_SCREENSHOT=docs/dashboard.png
 SCREENSHOT = Path(ROOT) / (os.environ.get("CELERY_FUNNEL_SCREENSHOT") or "build/dashboard.png")
 KEY = task_key("funnel:", TASK)  # its funnel: the TAT, as every decision moves it
+WORKERS = live_key("funnel:", "workers")  # each worker's live thread stamps its entry
 FAST, SLOW = 0.05, 0.2  # the slot of the code's 20/s and of the override's 5/s
 # what one connection (one worker's) may decide at, in order, around set and unset
 ORDERS = ([FAST], [SLOW], [FAST, SLOW], [SLOW, FAST], [FAST, SLOW, FAST])
@@ -71,10 +73,28 @@ def cluster() -> Iterator[Cluster]:
         made.stop()
 
 
+def taken_up(cluster: Cluster) -> None:
+    """Return once both workers' live threads hold the overrides as they stand now: each
+    began a pass (its pipeline reads the table and stamps the worker's entry) after
+    this call began, and then one more (the first pass applied its table before the
+    next began). A test that ended with an unset must not leave a worker at its rate."""
+    with redis.Redis.from_url(cluster.url) as client:
+
+        def stamped_after(mark: float) -> bool:
+            entries = client.hgetall(WORKERS).items()
+            # the cluster's workers (w1@, w2@), not a test's own live thread's entry
+            stamps = [float(json.loads(v)["at"]) for k, v in entries if k[:1] == b"w"]
+            return len(stamps) >= 2 and min(stamps) > mark
+
+        for _ in range(2):
+            wait_for(partial(stamped_after, time.time()), 60, lambda: client.hgetall(WORKERS))
+
+
 @pytest.fixture(autouse=True)
 def code_limits_again(cluster: Cluster) -> Iterator[None]:
-    """Each test starts from the code's limits, and leaves them: a test that fails with
-    a pause in force must not fail the next ones too."""
+    """Each test starts from the code's limits, taken up by both workers, and leaves
+    them: a test that fails with a pause in force must not fail the next ones too."""
+    taken_up(cluster)
     yield
     if control.unset(cluster.app, TASK):
         with redis.Redis.from_url(cluster.url) as client:

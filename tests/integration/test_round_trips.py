@@ -45,11 +45,11 @@ class Monitor:
     STOP = "monitor: stop"
 
     def __init__(self, url: str) -> None:
-        # no read timeout: a timed-out read drops a MONITOR connection (redis-py), and
-        # a limited task leaves gaps; __exit__ ends the reading with a command of its
-        # own, read after every command sent before it (a reader that lags behind
-        # under load still records them all)
-        self.client = redis.Redis.from_url(url)
+        # no read timeout (redis-py 8 reads with 5 s by default): a timed-out read drops
+        # a MONITOR connection (redis-py), and a limited task leaves gaps; __exit__ ends
+        # the reading with a command of its own, read after every command sent before
+        # it (a reader that lags behind under load still records them all)
+        self.client = redis.Redis.from_url(url, socket_timeout=None)
         self.stopper = redis.Redis.from_url(url)
         self.stopper.ping()  # connected now: its handshake is not recorded
         self.commands: list[list[str]] = []
