@@ -142,7 +142,7 @@ def test_three_at_once_over_two_workers_of_four_processes(cluster: Cluster) -> N
     assert most == 3
     # every seat given back after its body (the leases last LONG_TTL: a seat kept would
     # still be held). Was also: > 7.5 tasks/s, how fast a loaded machine runs them (the
-    # speed is bench's; a seat given back late is test_every_ending_gives_the_slot_back's)
+    # speed is bench's; a seat given back late is test_each_ending_gives_the_slot_back's)
     wait_for(lambda: cluster.holders("leases.three") == [], 10)
 
 
@@ -172,8 +172,7 @@ def test_a_full_key_leaves_the_other_keys_free(cluster: Cluster) -> None:
     go = f"go-{uuid.uuid4().hex}"
     holding = [cluster.app.send_task("leases.per_key", ("c0", 0.0, go)).id for _ in range(2)]
     try:
-        started = lambda: {r["id"] for r in cluster.records(STARTS)}  # noqa: E731
-        wait_for(lambda: started() >= set(holding), 60)
+        wait_for(lambda: {r["id"] for r in cluster.records(STARTS)} >= set(holding), 60)
         sent = [
             cluster.app.send_task("leases.per_key", (f"c{1 + n % 4}", 0.0)).id for n in range(8)
         ]  # fmt: skip
