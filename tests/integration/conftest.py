@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
@@ -93,13 +94,27 @@ def nothing_left(broker_url: str, funnel_url: str, queue: str = "proj") -> None:
             # kombu's Redis transport: a list per queue and priority, one unacked hash
             lists = [k for k in broker.scan_iter(f"{queue}*") if broker.type(k) == b"list"]
             assert [broker.llen(k) for k in lists] == [0] * len(lists), lists
-            assert broker.hlen("unacked") == 0
+            assert broker.hlen("unacked") == 0, unacked(broker)
     else:
         with Connection(broker_url) as connection:
             declared = Queue(queue, channel=connection.channel()).queue_declare(passive=True)
             assert declared.message_count == 0
     with redis.Redis.from_url(funnel_url) as client:
         assert ParkStore(client, "funnel:").count() == 0
+
+
+def unacked(broker: redis.Redis) -> list[str]:
+    """What kombu's Redis transport holds un-acked: each message's task, id, routing
+    key and how long before the broker's clock it was delivered (seconds)."""
+    now = float("{}.{:06d}".format(*broker.time()))
+    held = []
+    for tag, entry in broker.hgetall("unacked").items():
+        raw, _, routing_key = json.loads(entry)
+        headers = raw.get("headers", {})
+        since = broker.zscore("unacked_index", tag)
+        age = "?" if since is None else f"{now - since:.1f} s"
+        held.append(f"{headers.get('task')}[{headers.get('id')}] to {routing_key}, {age} ago")
+    return held
 
 
 @pytest.fixture
