@@ -63,7 +63,8 @@ def worker(url: str, **env: str) -> CeleryWorkers:
 
 # waits up to 0.5 s are held in the worker; longer ones parked, or (parking off)
 # published again with a countdown of at most 0.5 s
-CAPPED = {"FUNNEL_TEST_CONF": json.dumps({"funnel_max_countdown": 0.5})}
+CAP = 0.5  # seconds: the countdown cap, and so park_after (at most the cap)
+CAPPED = {"FUNNEL_TEST_CONF": json.dumps({"funnel_max_countdown": CAP})}
 
 
 @pytest.mark.parametrize(
@@ -92,7 +93,11 @@ def test_state_shows_deferred_tasks_received_once_started_then_success_or_revoke
     ways = Counter(e["how"] for e in deferrals if e["uuid"] != late)
     assert ways[how] >= 5, ways  # the long waits went the way under test
     assert ways["held"] >= 1, ways
-    assert set(ways) <= {"held", how}
+    # no other way, but one: a wait no longer than park_after (the cap) whose delivery
+    # spent its 0.5 s of holds (a loaded machine's timer fires late) is published again
+    others = [e for e in deferrals if e["uuid"] != late and e["how"] not in ("held", how)]
+    waits = [(e["how"], e["delay"]) for e in others]
+    assert all(h == "republished" and delay <= CAP for h, delay in waits), waits
     assert all({"funnel", "delay", "deferrals", "how"} <= set(e) for e in deferrals)
     # never a state Celery does not know; deferred then run: STARTED, then SUCCESS
     for task_id in [*ids, *slow, late]:
