@@ -186,6 +186,7 @@ def test_resume_takes_effect_within_a_second(shared: Shared) -> None:
     assert Counter(int(r["n"]) for r in shared.runs("bp.paced")) == Counter(range(60))  # type: ignore[call-overload]
 
 
+@pytest.mark.timeout(900)  # past its two hang detectors of 300 s: they say what was pending
 def test_fair_share_holds(shared: Shared) -> None:
     """A tenant's 20 tasks behind another's 400 on a shared 20/s: read on the funnels'
     Redis in the order it ran them, each of the small tenant's tasks waited behind at

@@ -134,6 +134,7 @@ def test_a_releasing_worker_killed_mid_release_loses_nothing_and_runs_nothing_tw
     assert sum(1 for r in recorded if r["deferrals"]) > 300, "most were parked"
 
 
+@pytest.mark.timeout(600)  # past the hang detector's 300 s: it says what was pending
 def test_a_parked_backlog_survives_a_restart_of_the_funnels_redis(broker: RedisServer) -> None:
     """40 tasks through 4/s, half of them parked, in a funnels' Redis with AOF (fsync
     always): SIGKILL it while they wait and start it again; every task runs once."""
