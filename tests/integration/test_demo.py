@@ -124,7 +124,7 @@ def shape(text: str) -> list[str]:
     return shapes
 
 
-@pytest.mark.timeout(600)  # past the demo's own 300 s, which says how far it got
+@pytest.mark.timeout(600)  # past the demo run's own 300 s timeout, which shows its output
 def test_the_quickstart_sample_is_a_real_run(tmp_path: Path) -> None:
     """The demo as the page runs it (its defaults): the page's sample says what it says
     (it said "re-queued 0 times" and "no task was parked" while the demo parked 44)."""
