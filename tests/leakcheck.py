@@ -21,6 +21,8 @@ import pytest
 
 MARK = "CELERY_FUNNEL_TEST_RUN"
 GRACE_SECONDS = 10.0
+EXEC_SECONDS = 2.0  # the longest a process is read again while its exec shows no environment
+PF_KTHREAD = 0x00200000  # /proc/<pid>/stat's flags: a kernel thread (it has no environment)
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -54,11 +56,26 @@ def marked_processes(mark: str, name: str = MARK) -> dict[int, str]:
         if pid == os.getpid():
             continue
         with contextlib.suppress(OSError):
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
+            if needle in environment(entry).split(b"\0"):
                 command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
                 found[pid] = command.decode(errors="replace").strip()
     # multiprocessing's resource tracker is the standard library's, and ends with its parent
     return {pid: c for pid, c in found.items() if "multiprocessing.resource_tracker" not in c}
+
+
+def environment(entry: Path) -> bytes:
+    """The environment of process ``entry`` (a /proc directory). A process in the middle of
+    an exec shows none for a moment, and its starter may already have gone on (Popen
+    returns once the exec closed its close-on-exec pipe, before the new environment is
+    set up: about half the reads right after it, on a 2-core machine): it is read again
+    until it shows one, or ``EXEC_SECONDS`` pass."""
+    deadline = time.monotonic() + EXEC_SECONDS
+    while not (environ := (entry / "environ").read_bytes()) and time.monotonic() < deadline:
+        fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        if fields[0] in ("Z", "X") or int(fields[6]) & PF_KTHREAD:
+            break  # an ended process or a kernel thread: it has none
+        time.sleep(0.01)
+    return environ
 
 
 def _survivors(mark: str) -> dict[int, str]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.leakcheck import sigterm_held_back
+from tests.leakcheck import environment, sigterm_held_back
 from tests.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,6 +93,20 @@ def test_a_process_left_running_fails_the_run(tmp_path: Path) -> None:
     assert "1 process(es) started by the tests outlived them" in out
     pid = int(out.split("pid ", 1)[1].split(":", 1)[0])
     wait_for(lambda: not alive(pid), 10)
+
+
+def test_a_process_seen_in_the_middle_of_its_exec_is_found() -> None:
+    """Popen returns while the exec it started has not set the new environment up yet
+    (half the reads right after it see none): a process started as a test ends is found
+    all the same (a CI run passed a test leaving ``sleep 300`` behind)."""
+    probe = f"CELERY_FUNNEL_EXEC_PROBE={os.urandom(8).hex()}".encode()
+    for _ in range(20):
+        started = subprocess.Popen(["sleep", "300"], env=dict([probe.decode().split("=")]))
+        try:
+            assert environment(Path(f"/proc/{started.pid}")).split(b"\0") == [probe, b""]
+        finally:
+            started.kill()
+            started.wait()
 
 
 def test_a_clean_run_passes(tmp_path: Path) -> None:
