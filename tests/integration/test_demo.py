@@ -35,6 +35,19 @@ def demo_command(*options: str) -> list[str]:
 
 
 @contextmanager
+def ctrl_c_as_at_a_terminal() -> Iterator[None]:
+    """Processes started inside get SIGINT at its default, as a terminal's program does:
+    a run started in the background by a shell (``dev.py test --load &``) ignores it,
+    and an ignored SIGINT is inherited through exec (Python then installs no handler)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if before is not None:  # None: set outside Python, nothing to put back
+            signal.signal(signal.SIGINT, before)
+
+
+@contextmanager
 def running_demo(
     tmp_path: Path, *options: str, held_back: bool = False
 ) -> Iterator[tuple[subprocess.Popen[str], str]]:
@@ -42,7 +55,7 @@ def running_demo(
     Every process it starts carries a probe in its environment, for the leak check.
     ``held_back``: it starts with SIGTERM blocked, as a parent's signal mask can leave it."""
     probe = uuid.uuid4().hex
-    with sigterm_held_back() if held_back else nullcontext():
+    with sigterm_held_back() if held_back else nullcontext(), ctrl_c_as_at_a_terminal():
         demo = subprocess.Popen(
             demo_command(*options), env={**os.environ, PROBE: probe},
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(tmp_path),

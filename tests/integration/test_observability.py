@@ -3,6 +3,7 @@ metrics, structured log lines and ``funnel_dry_run``, on real workers and a real
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -13,6 +14,7 @@ import pytest
 import redis
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
+from kombu.exceptions import OperationalError
 from prometheus_client import CollectorRegistry
 
 from celery_funnel import CostTooHighError
@@ -46,10 +48,24 @@ class Events:
 
     def __enter__(self) -> Events:
         self.thread.start()
-        with self.app.events.default_dispatcher() as dispatcher:
-            # events travel by pub/sub: send probes until the receiver hears one
-            wait_for(lambda: dispatcher.send("probe-ready") or self.of("probe-ready"))
+        # events travel by pub/sub: send probes until the receiver hears one
+        wait_for(self._probe)
         return self
+
+    def _probe(self) -> bool:
+        """Whether a probe was heard; if not, send one, on a connection of its own: a
+        connection the broker reset (a loaded RabbitMQ reset one at its first write) is
+        the probe's, not the test's, and the next probe opens another."""
+        if self.of("probe-ready"):
+            return True
+        errors = (OperationalError, *self.connection.connection_errors)
+        with (
+            contextlib.suppress(*errors),
+            self.app.connection_for_write() as connection,
+            self.app.events.Dispatcher(connection) as dispatcher,
+        ):
+            dispatcher.send("probe-ready")
+        return False
 
     def __exit__(self, *exc: object) -> None:
         self.receiver.should_stop = True
