@@ -68,24 +68,36 @@ def test_two_workers_share_one_funnel_on_rabbitmq(
             Queue(queue, channel=connection.channel()).delete()
 
 
-def close_connections_of(pid: int) -> int:
-    """Close, on the RabbitMQ side, every AMQP connection of process ``pid`` and its
-    children (a cut connection, not a shutdown); others' connections are left alone.
-    Returns how many were closed."""
-    children = Path(f"/proc/{pid}/task/{pid}/children")
-    pids = {pid, *(int(p) for p in children.read_text().split())} if children.exists() else {pid}
+def _ports_of(pids: set[int]) -> set[str]:
+    """The client ports of the connections to port 5672 that processes ``pids`` hold."""
     listing = subprocess.run(
         ["ss", "-tnpH", "dport = :5672"], capture_output=True, text=True, check=True
     ).stdout
-    ports = {
+    return {
         line.split()[3].rsplit(":", 1)[1]
         for line in listing.splitlines()
         if {int(p) for p in re.findall(r"pid=(\d+)", line)} & pids
     }
+
+
+def close_connections_of(pid: int) -> int:
+    """Close, on the RabbitMQ side, every AMQP connection of process ``pid`` and its
+    children (a cut connection, not a shutdown); others' connections are left alone.
+    Returns how many were closed.
+
+    RabbitMQ names a connection by its client's port, which another process may take
+    over while rabbitmqctl starts (seconds, on a loaded machine): a port counts as the
+    process's only if it was its both before and after RabbitMQ listed its connections
+    (in a load run, this cut a connection 3 s old as another test's first write on a
+    new RabbitMQ connection was reset: most likely a port taken over)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    pids = {pid, *(int(p) for p in children.read_text().split())} if children.exists() else {pid}
+    before = _ports_of(pids)
     connections = subprocess.run(
         ["rabbitmqctl", "list_connections", "pid", "peer_port", "-q", "--no-table-headers"],
         capture_output=True, text=True, check=True, timeout=30,
     ).stdout  # fmt: skip
+    ports = before & _ports_of(pids)
     closed = 0
     for line in connections.splitlines():
         fields = line.split()
