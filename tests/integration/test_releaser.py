@@ -86,12 +86,12 @@ def test_a_tick_publishes_a_due_task_once_and_forgets_it_when_accepted(
     task_id = park(app, store, 0)
     releaser = Releaser(app, store, lease=LEASE, lead=0.0)
     assert queued(app) == 0
-    claimed_at = server_now(client)
     releaser.tick()
+    claimed_by = server_now(client)  # the claim was made by then
     first = (queued(app), store.count())  # (copies in the broker, tasks parked)
     (token,) = [message_token(app)]
     assert store.accept(task_id, token), "the worker that receives it accepts it"
-    wait_for(lambda: server_now(client) > claimed_at + LEASE, 5)  # the claim has lapsed
+    wait_for(lambda: server_now(client) > claimed_by + LEASE, 5)  # the claim has lapsed
     releaser.tick()
     releaser.tick()
     lapsed = (queued(app), store.count())
@@ -107,9 +107,9 @@ def test_a_copy_no_worker_accepted_is_published_again_and_one_runs(
     store = ParkStore(client, "funnel:")
     task_id = park(app, store, 0)
     releaser = Releaser(app, store, lease=LEASE, lead=0.0)
-    claimed_at = server_now(client)
     releaser.tick()
-    wait_for(lambda: server_now(client) > claimed_at + LEASE, 5)
+    claimed_by = server_now(client)  # the claim was made by then
+    wait_for(lambda: server_now(client) > claimed_by + LEASE, 5)
     releaser.tick()
     assert (queued(app), store.count()) == (2, 1)
     first, second = message_tokens(app)
@@ -146,12 +146,12 @@ def test_a_tick_publishes_each_of_several_due_tasks_once(app: Celery, client: re
     store = ParkStore(client, "funnel:")
     ids = [park(app, store, n) for n in range(5)]
     releaser = Releaser(app, store, lease=LEASE, lead=0.0)
-    claimed_at = server_now(client)
     releaser.tick()
+    claimed_by = server_now(client)  # the claim was made by then
     first = queued(app)
     for task_id in ids:
         assert store.accept(task_id, client_token(client, task_id))
-    wait_for(lambda: server_now(client) > claimed_at + LEASE, 5)
+    wait_for(lambda: server_now(client) > claimed_by + LEASE, 5)
     releaser.tick()
     assert (first, (queued(app), store.count())) == (5, (5, 0))
     assert sorted(queued_ids(app)) == sorted(ids)
