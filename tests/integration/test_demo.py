@@ -14,6 +14,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -74,8 +75,10 @@ def running_demo(
         if demo.poll() is None:
             demo.kill()
         demo.communicate(timeout=STOPPED)
-        # nothing it started is left, however it ended
-        wait_for(lambda: not marked_processes(probe, PROBE), 30)
+        # nothing it started is left, however it ended (a hang names what is left)
+        wait_for(
+            lambda: not marked_processes(probe, PROBE), 30, partial(marked_processes, probe, PROBE)
+        )
 
 
 def test_demo_runs_real_workers_through_one_funnel(tmp_path: Path) -> None:
