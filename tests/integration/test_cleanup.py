@@ -99,11 +99,12 @@ def test_a_process_seen_in_the_middle_of_its_exec_is_found() -> None:
     """Popen returns while the exec it started has not set the new environment up yet
     (half the reads right after it see none): a process started as a test ends is found
     all the same (a CI run passed a test leaving ``sleep 300`` behind)."""
-    probe = f"CELERY_FUNNEL_EXEC_PROBE={os.urandom(8).hex()}".encode()
+    name, mark = "CELERY_FUNNEL_EXEC_PROBE", os.urandom(8).hex()
     for _ in range(20):
-        started = subprocess.Popen(["sleep", "300"], env=dict([probe.decode().split("=")]))
+        started = subprocess.Popen(["sleep", "300"], env={name: mark})
         try:
-            assert environment(Path(f"/proc/{started.pid}")).split(b"\0") == [probe, b""]
+            environ = environment(Path(f"/proc/{started.pid}"))
+            assert environ.split(b"\0") == [f"{name}={mark}".encode(), b""]
         finally:
             started.kill()
             started.wait()

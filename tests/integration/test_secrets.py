@@ -46,6 +46,7 @@ def confs(app: Any) -> list[dict[str, Any]]:
             wait_for(answered, 120)
     finally:
         close_app(app)
+    assert replies, "the worker answered"
     for conf in replies.values():
         assert PASSWORD not in str(conf), conf
     return list(replies.values())
