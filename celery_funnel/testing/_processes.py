@@ -74,14 +74,18 @@ def _ended(pid: int) -> bool | None:
     return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
-def stop(process: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
-    """SIGTERM ``process`` and wait up to ``timeout`` seconds; then SIGKILL its whole
-    session (a worker's pool processes included). The leader is reaped only after its
-    group is killed: a reaped pid may be reused at once (pid_max is often 32768), and
-    killing its group then would kill another program's processes."""
+def stop(
+    process: subprocess.Popen[bytes], timeout: float = 20.0, *, terminated: bool = False
+) -> None:
+    """SIGTERM ``process`` (unless ``terminated``: the caller sent it) and wait up to
+    ``timeout`` seconds; then SIGKILL its whole session (a worker's pool processes
+    included). The leader is reaped only after its group is killed: a reaped pid may be
+    reused at once (pid_max is often 32768), and killing its group then would kill
+    another program's processes."""
     if process.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            process.terminate()
+        if not terminated:
+            with contextlib.suppress(ProcessLookupError):
+                process.terminate()
         deadline = time.monotonic() + timeout
         while _ended(process.pid) is False and time.monotonic() < deadline:
             time.sleep(0.05)

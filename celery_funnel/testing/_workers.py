@@ -17,7 +17,13 @@ __all__ = ["CeleryWorkers"]
 class CeleryWorkers:
     """``count`` real ``celery worker`` processes for ``app`` (a ``-A`` target), named
     ``w1@host`` … (``prefix`` instead of ``w``), sharing ``env``, run by ``python`` (default:
-    this interpreter); stopped together (warm shutdown, then SIGKILL)."""
+    this interpreter); stopped together: one SIGTERM each (a warm shutdown), then SIGKILL
+    of a worker still running ``stop_timeout`` seconds later.
+
+    A prefork worker's warm shutdown may take 30 s: a pool process that finished a task
+    as the shutdown began waits that long for the main process, which no longer reads,
+    to take its result (billiard's ``_ensure_messages_consumed``). A test that needs every
+    warm shutdown to end on its own gives ``stop_timeout`` past that."""
 
     def __init__(
         self,
@@ -28,9 +34,11 @@ class CeleryWorkers:
         cwd: str | None = None,
         prefix: str = "w",
         python: str | None = None,
+        stop_timeout: float = 20.0,
     ) -> None:
         self.app, self.count, self.env, self.options, self.cwd = app, count, env, options, cwd
         self.prefix, self.python = prefix, python or sys.executable
+        self.stop_timeout = stop_timeout
         self.processes: list[subprocess.Popen[bytes]] = []
         self._logs = tempfile.TemporaryDirectory(prefix="celery-funnel-workers-")
 
@@ -67,7 +75,9 @@ class CeleryWorkers:
             if process.poll() is None:
                 process.terminate()
         for process in self.processes:
-            stop(process)
+            # one SIGTERM each: a second one that comes as the worker's interpreter exits
+            # (its handlers back to the default) ends it by the signal
+            stop(process, self.stop_timeout, terminated=True)
         self._logs.cleanup()
 
     def __enter__(self) -> CeleryWorkers:

@@ -42,11 +42,14 @@ def workers(
     conf: TransportConf, count: int = 1, *options: str, env: dict[str, str] | None = None,
     prefix: str = "t",
 ) -> Iterator[CeleryWorkers]:  # fmt: skip
-    """``count`` real workers of ``conf``, started (``options``: more worker options)."""
+    """``count`` real workers of ``conf``, started (``options``: more worker options).
+    Each warm shutdown ends on its own (SIGKILL after 90 s: a hang): a prefork worker's
+    may take 30 s (``CeleryWorkers``), and killed, kombu's own transport loses the
+    message its pending fetch popped (the stock case of the warm shutdowns' test)."""
     queues = ",".join(conf.queues)
     with CeleryWorkers(
         "tests.integration.transport_proj", count, {**conf.env(), **(env or {})},
-        "-Q", queues, *(options or ("-c", "2")), cwd=ROOT, prefix=prefix,
+        "-Q", queues, *(options or ("-c", "2")), cwd=ROOT, prefix=prefix, stop_timeout=90.0,
     ) as started:  # fmt: skip
         yield started
 
