@@ -22,7 +22,7 @@ class CeleryWorkers:
 
     A prefork worker's warm shutdown may take 30 s: a pool process that finished a task
     as the shutdown began waits that long for the main process, which no longer reads,
-    to take its result (billiard's ``_ensure_messages_consumed``). A test that needs every
+    to take its result (billiard's pool does so, lest a result be lost). A test that needs every
     warm shutdown to end on its own gives ``stop_timeout`` past that."""
 
     def __init__(
